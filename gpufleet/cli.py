@@ -1,0 +1,40 @@
+"""The gpufleet command line: `gpufleet lab|plan|provision|drift|rebuild ...`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from gpufleet import __version__
+from gpufleet.commands import COMMAND_MODULES
+from gpufleet.errors import GpufleetError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufleet",
+        description="Provision NVIDIA GPU servers into vLLM inference nodes and keep the fleet identical.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"gpufleet.commands.{name}").add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except GpufleetError as error:
+        print(f"gpufleet: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("gpufleet: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

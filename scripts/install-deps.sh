@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the controller needs, only when one is missing (idempotent, fast when warm).
+set -euo pipefail
+
+packages=(
+  systemd-container  # systemd-nspawn: boots the lab hosts
+  mmdebstrap         # builds the lab hosts' Debian root file system
+  makeself           # self-extracting lab stand-ins for NVIDIA's .run installers
+  iproute2           # network namespaces and veth pairs for the lab
+  openssh-client     # the controller reaches lab hosts over SSH
+  gcc make libc6-dev # the simulated NVML library is compiled in C
+  curl ca-certificates
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing Debian packages (${missing[*]}); run as root or install them with apt-get." >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The whole test suite, as `make test` and CI run it:
+#   lint -> unit tests -> one shared lab fleet -> integration tests and molecule scenarios -> lab down.
+# Prints a timing summary at the end. Exits non-zero if any stage failed or if no test ran.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+export PYTHONUNBUFFERED=1
+export ANSIBLE_FORCE_COLOR=0
+
+LAB_HOSTS="${GPUFLEET_TEST_LAB_HOSTS:-2}"
+declare -a stage_names=() stage_seconds=() stage_results=()
+failed=0
+
+run_stage() {
+  local name="$1"; shift
+  local started=$SECONDS rc
+  echo "=== ${name}: $*"
+  "$@"
+  rc=$?
+  # pytest exits 5 when it collected no test: that is a failure of the suite, not a pass.
+  stage_names+=("$name"); stage_seconds+=($((SECONDS - started)))
+  if [ "$rc" -eq 0 ]; then stage_results+=("ok"); else stage_results+=("FAILED (exit $rc)"); failed=1; fi
+  return "$rc"
+}
+
+lab_down() {
+  run_stage "lab down" gpufleet lab down || true
+}
+
+summary() {
+  echo
+  echo "=== timing summary"
+  local i
+  for i in "${!stage_names[@]}"; do
+    printf '  %-28s %5ss  %s\n' "${stage_names[$i]}" "${stage_seconds[$i]}" "${stage_results[$i]}"
+  done
+  printf '  %-28s %5ss\n' "total" "$SECONDS"
+}
+
+run_stage "ansible-lint" ansible-lint
+run_stage "unit tests" python -m pytest -q tests/unit
+
+if run_stage "lab up (${LAB_HOSTS} hosts)" gpufleet lab up --hosts "$LAB_HOSTS"; then
+  trap 'lab_down; summary' EXIT
+  run_stage "lab integration tests" python -m pytest -q tests/integration
+  for scenario_dir in molecule/*/; do
+    scenario="$(basename "$scenario_dir")"
+    [ -f "${scenario_dir}molecule.yml" ] || continue
+    run_stage "molecule ${scenario}" molecule test -s "$scenario"
+  done
+else
+  trap 'lab_down; summary' EXIT
+fi
+
+exit "$failed"
