@@ -1,0 +1,98 @@
+"""Runs gpufleet's playbooks through ansible-runner and summarises the result per host."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet import PROJECT_ROOT
+from gpufleet.errors import GpufleetError
+
+STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
+
+
+def runs_dir() -> Path:
+    """Where each run's artifacts (events, stdout, stats) are kept, one directory per run."""
+    return Path(os.environ.get("GPUFLEET_RUNS_DIR", "/var/lib/gpufleet/runs"))
+
+
+@dataclass
+class PlaybookResult:
+    """What a playbook run did: its exit status, per-host counters and where its artifacts are."""
+
+    rc: int
+    status: str
+    artifacts: Path
+    hosts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> int:
+        return sum(counts["changed"] for counts in self.hosts.values())
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return sorted(h for h, c in self.hosts.items() if c["failures"] or c["unreachable"])
+
+
+def host_counters(stats: dict | None) -> dict[str, dict[str, int]]:
+    """Turns ansible's final stats ({"ok": {"host": n}, ...}) into {"host": {"ok": n, ...}}."""
+    stats = stats or {}
+    hosts = sorted({host for key in STAT_KEYS for host in (stats.get(key) or {})})
+    return {host: {key: int((stats.get(key) or {}).get(host, 0)) for key in STAT_KEYS} for host in hosts}
+
+
+def run_playbook(
+    playbook: str,
+    inventory: Path,
+    *,
+    limit: str | None = None,
+    tags: str | None = None,
+    check: bool = False,
+    diff: bool = False,
+    extravars: dict | None = None,
+    quiet: bool = False,
+) -> PlaybookResult:
+    """Runs playbooks/<playbook> against `inventory`; the caller decides what a failure means."""
+    import ansible_runner  # imported here so `gpufleet --help` stays fast
+
+    playbook_path = PROJECT_ROOT / "playbooks" / playbook
+    if not playbook_path.is_file():
+        raise GpufleetError(f"playbook {playbook_path} does not exist")
+    if not inventory.exists():
+        raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
+    run_id = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
+    private_dir = runs_dir() / run_id
+    private_dir.mkdir(parents=True, exist_ok=True)
+    cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
+    runner = ansible_runner.run(
+        private_data_dir=str(private_dir),
+        project_dir=str(PROJECT_ROOT),
+        playbook=str(playbook_path),
+        inventory=str(inventory.resolve()),
+        limit=limit,
+        tags=tags,
+        cmdline=cmdline or None,
+        extravars=extravars or {},
+        envvars={"ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg")},
+        quiet=quiet,
+    )
+    return PlaybookResult(
+        rc=int(runner.rc),
+        status=str(runner.status),
+        artifacts=private_dir / "artifacts" / runner.config.ident,
+        hosts=host_counters(runner.stats),
+    )
+
+
+def format_summary(result: PlaybookResult) -> str:
+    """A per-host table: ok / changed / failed / unreachable / skipped."""
+    lines = [f"{'host':<20} {'ok':>4} {'changed':>8} {'failed':>7} {'unreachable':>12} {'skipped':>8}"]
+    for host, counts in result.hosts.items():
+        lines.append(
+            f"{host:<20} {counts['ok']:>4} {counts['changed']:>8} {counts['failures']:>7} "
+            f"{counts['unreachable']:>12} {counts['skipped']:>8}"
+        )
+    lines.append(f"run {result.status} (rc {result.rc}); artifacts in {result.artifacts}")
+    return "\n".join(lines)
