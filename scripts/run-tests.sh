@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 export PYTHONUNBUFFERED=1
 export ANSIBLE_FORCE_COLOR=0
+# Molecule scenarios share the lab this script boots, instead of each booting and destroying their own.
+export GPUFLEET_LAB_KEEP=1
 
 LAB_HOSTS="${GPUFLEET_TEST_LAB_HOSTS:-2}"
 declare -a stage_names=() stage_seconds=() stage_results=()
