@@ -1,0 +1,244 @@
+"""`gpufleet lab up|status|down`: bring the lab fleet to N healthy hosts, report on it, remove it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet.errors import GpufleetError
+from gpufleet.lab import host as hostlib
+from gpufleet.lab import inventory, keys, locks, mirror, network, preflight, rootfs, state
+from gpufleet.lab.addressing import choose_pool, host_address, networks_in_use
+from gpufleet.lab.config import MIRROR_PORT, LabConfig
+from gpufleet.lab.host import Host
+from gpufleet.lab.procs import is_alive, pids_with_argument, read_pid_file, stop_processes
+
+# nspawn powers the container off on SIGTERM; the supervisor allows 45 s before killing it.
+HOST_STOP_SECONDS = 60
+LOCK_RELEASE_SECONDS = 15
+
+
+@dataclass
+class UpResult:
+    """What `lab up` did to each host."""
+
+    unchanged: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    repaired: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def make_host(config: LabConfig, pool: str, index: int) -> Host:
+    name = config.host_name(index)
+    return Host(name=name, index=index, address=host_address(pool, index), host_dir=config.host_dir(name))
+
+
+def our_veths(config: LabConfig) -> list[str]:
+    pattern = re.compile(rf"ve-{re.escape(config.prefix)}-[0-9]+")
+    return [link for link in network.list_links() if pattern.fullmatch(link)]
+
+
+def existing_indexes(config: LabConfig) -> set[int]:
+    """Indexes of hosts with any trace: a directory, a namespace or a veth (orphans of a crashed run too)."""
+    names = [path.name for path in config.hosts_dir.iterdir()] if config.hosts_dir.is_dir() else []
+    names += network.list_netns()
+    names += [veth.removeprefix("ve-") for veth in our_veths(config)]
+    return {index for name in names if (index := config.host_index(name)) is not None}
+
+
+def host_problems(config: LabConfig, host: Host) -> list[str]:
+    """Why a host is not healthy; empty when it runs, is networked and systemd answers over SSH."""
+    problems = []
+    if not is_alive(host.supervisor()):
+        problems.append("supervisor not running")
+    if not is_alive(host.nspawn()):
+        problems.append("systemd-nspawn not running")
+    if not network.host_network_ok(host.name, config.veth_name(host.index), host.address):
+        problems.append("network namespace or veth missing")
+    if problems:
+        return problems
+    probe = hostlib.probe(config, host)
+    if not probe.reachable:
+        return [f"ssh: {probe.detail or 'no answer'}"]
+    if probe.state not in ("running", "degraded"):
+        return [f"systemd is {probe.state}"]
+    return []
+
+
+def stop_host(config: LabConfig, name: str, index: int) -> list[str]:
+    """Stops a host's processes and removes its network and nspawn locks; keeps its directory."""
+    host_dir = config.host_dir(name)
+    rootfs_dir = host_dir / "rootfs"
+    recorded = [read_pid_file(host_dir / f) for f in ("supervisor.pid", "nspawn.pid")]
+    records = [record for record in recorded if is_alive(record)]
+    # Processes a crashed run started but never recorded carry the host's paths as arguments.
+    for orphan in pids_with_argument({str(host_dir), f"--directory={rootfs_dir}"}):
+        if orphan not in records:
+            records.append(orphan)
+    done = [f"stopped pid {record.pid}" for record in records]
+    # The supervisor goes first: it passes SIGTERM to nspawn, which powers the container off cleanly.
+    survivors = stop_processes(records, grace=HOST_STOP_SECONDS)
+    if survivors:
+        raise GpufleetError(f"{name}: processes {[r.pid for r in survivors]} did not exit; kill them and retry")
+    lock_files = locks.lock_files_for(rootfs_dir)
+    if locks.wait_released(lock_files, LOCK_RELEASE_SECONDS):
+        raise GpufleetError(f"{name}: nspawn's lock on {rootfs_dir} was not released; retry `gpufleet lab down`")
+    done += [f"removed lock {path.name}" for path in locks.remove_released(lock_files)]
+    for pid_file in ("supervisor.pid", "nspawn.pid"):
+        (host_dir / pid_file).unlink(missing_ok=True)
+    done += network.delete_host_network(name, config.veth_name(index))
+    return done
+
+
+def remove_host(config: LabConfig, name: str, index: int) -> list[str]:
+    done = stop_host(config, name, index)
+    if config.host_dir(name).exists():
+        hostlib.remove_host_dir(config.host_dir(name))
+        done.append("removed its directory")
+    return done
+
+
+def start_host(config: LabConfig, host: Host, image_hash: str, image_path: Path) -> None:
+    if not hostlib.rootfs_ready(host, image_hash):
+        hostlib.create_rootfs(host, image_path, image_hash)
+    hostlib.configure_rootfs(host, config, mirror.host_mirror_url(host.address))
+    network.create_host_network(host.name, config.veth_name(host.index), host.address)
+    hostlib.start_supervisor(host)
+
+
+def select_pool(config: LabConfig, saved: dict) -> str:
+    used = networks_in_use(ignore_interfaces=our_veths(config))
+    return choose_pool(used, preferred=saved.get("pool"))
+
+
+def prepare_keys(config: LabConfig, hosts: list[Host]) -> None:
+    keys.generate_key(config.private_key, f"gpufleet-lab-{config.prefix}")
+    entries = []
+    for host in hosts:
+        host_key = hostlib.host_key_path(config, host.name)
+        keys.generate_key(host_key, f"root@{host.name}")
+        entries.append(keys.known_hosts_line([str(host.address.host), host.name], keys.public_key(host_key)))
+    keys.write_known_hosts(config.known_hosts, entries)
+
+
+def up(config: LabConfig, count: int, timeout: float) -> UpResult:
+    """Brings the lab to exactly `count` healthy hosts plus the mirror, repairing what is broken."""
+    preflight.require_root()
+    preflight.require_tools(preflight.REQUIRED_TOOLS)
+    preflight.validate_host_count(count, preflight.max_hosts(preflight.memory_total_bytes()))
+    result = UpResult()
+    with state.locked(config.lock_file):
+        saved = state.load(config.state_file)
+        pool = select_pool(config, saved)
+        if saved.get("pool") and saved["pool"] != pool:
+            result.notes.append(f"address range {saved['pool']} is now in use on this machine; moved to {pool}")
+        if not rootfs.cached_tar(config.rootfs_cache_dir).is_file():
+            preflight.require_tools(preflight.BUILD_TOOLS)
+        image_path, built = rootfs.ensure_rootfs(config.rootfs_cache_dir)
+        if built:
+            result.notes.append(f"built the root file system image {image_path.name}")
+        image_hash = rootfs.recipe_hash()
+        state.save(config.state_file, {"pool": pool, "prefix": config.prefix})
+
+        for index in sorted(i for i in existing_indexes(config) if i > count):
+            remove_host(config, config.host_name(index), index)
+            result.removed.append(config.host_name(index))
+
+        hosts = [make_host(config, pool, index) for index in range(1, count + 1)]
+        prepare_keys(config, hosts)
+        started = []
+        for host in hosts:
+            existed = host.host_dir.exists() or network.netns_exists(host.name)
+            problems = host_problems(config, host) if existed else ["new"]
+            if not problems:
+                result.unchanged.append(host.name)
+                continue
+            if existed:
+                cleaned = stop_host(config, host.name, host.index)
+                result.repaired[host.name] = "; ".join(problems + cleaned)
+            else:
+                result.created.append(host.name)
+            start_host(config, host, image_hash, image_path)
+            started.append(host)
+
+        # After the hosts' links exist: the mirror's health check goes to the first gateway address.
+        mirror_action = mirror.ensure_running(config, [str(h.address.gateway) for h in hosts], MIRROR_PORT)
+        if mirror_action != "running":
+            result.notes.append(f"mirror {mirror_action}")
+
+        for host in started:
+            probe = hostlib.wait_ready(config, host, timeout)
+            if probe.state == "degraded":
+                result.notes.append(f"{host.name} is degraded: failed units {hostlib.failed_units(config, host)}")
+
+        rows = [(h.name, str(h.address.host), mirror.host_mirror_url(h.address)) for h in hosts]
+        inventory.write(config.inventory_path, inventory.render(config, rows))
+    return result
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    name: str
+    address: str
+    up: bool
+    state: str
+    boot_id: str
+    boot_age_seconds: int
+
+
+def status(config: LabConfig) -> tuple[list[HostStatus], mirror.MirrorStatus]:
+    """The state of every host of the lab (read-only: takes no lock, changes nothing)."""
+    saved = state.load(config.state_file)
+    pool = saved.get("pool")
+    rows = []
+    for index in sorted(existing_indexes(config)):
+        if pool is None:
+            rows.append(HostStatus(config.host_name(index), "?", False, "no lab state", "", 0))
+            continue
+        host = make_host(config, pool, index)
+        problems = host_problems(config, host)
+        probe = hostlib.probe(config, host) if not problems else None
+        rows.append(HostStatus(
+            name=host.name,
+            address=str(host.address.host),
+            up=not problems,
+            state=probe.state if probe else "; ".join(problems),
+            boot_id=probe.boot_id if probe else "",
+            boot_age_seconds=probe.boot_age_seconds if probe else 0,
+        ))
+    return rows, mirror.status(config)
+
+
+def down(config: LabConfig) -> list[str]:
+    """Removes every host, namespace, veth, lock and process of the lab; keeps the caches and SSH keys."""
+    preflight.require_root()
+    preflight.require_tools({"ip": "iproute2"})
+    done = []
+    with state.locked(config.lock_file):
+        for index in sorted(existing_indexes(config)):
+            name = config.host_name(index)
+            steps = remove_host(config, name, index)
+            done.append(f"{name}: {', '.join(steps) or 'nothing left to remove'}")
+        done += mirror.stop(config)
+        leftovers = verify_gone(config)
+        if leftovers:
+            raise GpufleetError(f"lab down left {', '.join(leftovers)}; run `gpufleet lab down` again")
+        config.state_file.unlink(missing_ok=True)
+        if config.inventory_path.is_file():
+            config.inventory_path.unlink()
+            done.append(f"removed {config.inventory_path.name}")
+        config.lock_file.unlink(missing_ok=True)
+    return done
+
+
+def verify_gone(config: LabConfig) -> list[str]:
+    """Anything of this lab that still exists after tear-down."""
+    leftovers = [f"netns {name}" for name in network.list_netns() if config.host_index(name) is not None]
+    leftovers += [f"veth {veth}" for veth in our_veths(config)]
+    if config.hosts_dir.is_dir() and any(config.hosts_dir.iterdir()):
+        leftovers.append(f"host directories in {config.hosts_dir}")
+    if mirror.status(config).running:
+        leftovers.append("the mirror process")
+    return leftovers
