@@ -50,6 +50,11 @@ options:
       - Needed only when something must be installed; check mode never reads it.
     type: path
     required: true
+  sha256:
+    description:
+      - Expected sha256 of the runfile. When set, the file is hashed right before it runs and refused on a
+        mismatch, with both hashes in the message; nothing is run then.
+    type: str
   prefix:
     description: Toolkit prefix. Defaults to C(/usr/local/cuda-MAJOR.MINOR) of O(version).
     type: path
@@ -277,12 +282,25 @@ def run_step(module: AnsibleModule, argv: list[str], log: str, what: str, result
         )
 
 
+def verify_sha256(module: AnsibleModule, path: str, expected: str, result: dict) -> None:
+    """Refuse a runfile whose content is not the pinned one, naming both hashes."""
+    actual = module.sha256(path)
+    if actual != expected.strip().lower():
+        module.fail_json(
+            msg=f"refusing {path}: sha256 is {actual}, expected {expected}; nothing was changed on the host",
+            expected_sha256=expected,
+            actual_sha256=actual,
+            **result,
+        )
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             kind=dict(type="str", required=True, choices=["driver", "toolkit"]),
             version=dict(type="str", required=True),
             runfile=dict(type="path", required=True),
+            sha256=dict(type="str"),
             prefix=dict(type="path"),
             dkms=dict(type="bool", default=True),
             kernel_module_type=dict(type="str", default="open", choices=["open", "proprietary", "default"]),
@@ -335,6 +353,8 @@ def main() -> None:
     if action != NOTHING and not module.check_mode:
         if not os.path.isfile(runfile):
             module.fail_json(msg=f"runfile {runfile} does not exist on the host; fetch and verify it first", **result)
+        if params["sha256"]:
+            verify_sha256(module, runfile, params["sha256"], result)
         for argv in commands:
             what = "removal of the installed version" if argv[0] != "/bin/sh" else f"{os.path.basename(runfile)}"
             run_step(module, argv, log, what, result)
