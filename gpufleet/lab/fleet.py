@@ -125,9 +125,10 @@ def prepare_keys(config: LabConfig, hosts: list[Host]) -> None:
 
 def up(config: LabConfig, count: int, timeout: float) -> UpResult:
     """Brings the lab to exactly `count` healthy hosts plus the mirror, repairing what is broken."""
+    # Input first, then the environment: a wrong --hosts is reported even to a non-root user.
+    preflight.validate_host_count(count, preflight.max_hosts(preflight.memory_total_bytes()))
     preflight.require_root()
     preflight.require_tools(preflight.REQUIRED_TOOLS)
-    preflight.validate_host_count(count, preflight.max_hosts(preflight.memory_total_bytes()))
     result = UpResult()
     with state.locked(config.lock_file):
         saved = state.load(config.state_file)
@@ -190,6 +191,8 @@ class HostStatus:
 
 def status(config: LabConfig) -> tuple[list[HostStatus], mirror.MirrorStatus]:
     """The state of every host of the lab (read-only: takes no lock, changes nothing)."""
+    # The lab's SSH key and known_hosts are root's; without them every host would look down.
+    preflight.require_root()
     saved = state.load(config.state_file)
     pool = saved.get("pool")
     rows = []

@@ -163,7 +163,9 @@ def probe(config: LabConfig, host: Host, timeout: float = 15) -> Probe:
         return Probe(False, detail="ssh timed out")
     lines = result.stdout.split()
     if result.returncode == 255 or len(lines) < 3:
-        return Probe(False, detail=(result.stderr.strip() or result.stdout.strip())[-300:])
+        # ssh's last line says why (refused, no route, host key ...): enough for a one-line status.
+        said = (result.stderr.strip() or result.stdout.strip()).splitlines()
+        return Probe(False, detail=said[-1][:200] if said else f"ssh exited {result.returncode}")
     return Probe(True, state=lines[0], boot_id=lines[1], boot_age_seconds=int(lines[2]))
 
 

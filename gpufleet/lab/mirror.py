@@ -98,7 +98,7 @@ def health_check(address: str, port: int, timeout: float = 3) -> bool:
 def ensure_running(config: LabConfig, addresses: list[str], port: int = MIRROR_PORT) -> str:
     """Starts the mirror on exactly these addresses; restarts it if it serves others. Returns what it did."""
     current = status(config)
-    if current.running and set(current.addresses) == set(addresses) and current.port == port:
+    if current.healthy and set(current.addresses) == set(addresses) and current.port == port:
         return "running"
     action = "restarted" if current.running else "started"
     stop(config)

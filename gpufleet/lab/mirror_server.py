@@ -40,12 +40,12 @@ def archive_relative_path(url_path: str) -> str | None:
     """The archive path ("debian/pool/...") for a pass-through request, or None for a mirror-dir path."""
     # Cache under the decoded name: apt asks for "a%2bb.deb", other clients for "a+b.deb".
     path = urllib.parse.unquote(url_path.split("?", 1)[0])
-    if not _SAFE_PATH.match(path) or "/../" in f"{path}/" or "//" in path:
+    parts = path.lstrip("/").split("/")
+    if not _SAFE_PATH.match(path) or any(part in ("", ".", "..") for part in parts):
         return None
-    parts = path.lstrip("/").split("/", 1)
-    if parts[0] not in PASS_THROUGH_ROOTS or len(parts) < 2 or not parts[1]:
+    if parts[0] not in PASS_THROUGH_ROOTS or len(parts) < 2:
         return None
-    return path.lstrip("/")
+    return "/".join(parts)
 
 
 def is_immutable(relative: str) -> bool:

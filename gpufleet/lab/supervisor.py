@@ -56,10 +56,10 @@ def nspawn_command(name: str, rootfs: Path, netns_path: str) -> list[str]:
 class Supervisor:
     """Runs nspawn in a loop; a small state machine driven by nspawn's exit status and SIGTERM."""
 
-    def __init__(self, name: str, host_dir: Path, netns_path: str) -> None:
+    def __init__(self, name: str, host_dir: Path, command: list[str]) -> None:
         self.name = name
         self.paths = host_paths(host_dir)
-        self.netns_path = netns_path
+        self.command = command
         self.stopping = False
         self.child: subprocess.Popen[bytes] | None = None
 
@@ -74,9 +74,8 @@ class Supervisor:
 
     def run_once(self) -> int:
         """Boots the host once and returns nspawn's exit status."""
-        command = nspawn_command(self.name, self.paths["rootfs"], self.netns_path)
         with self.paths["console_log"].open("ab") as console:
-            self.child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=console, stderr=console)
+            self.child = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=console, stderr=console)
         write_pid_file(self.paths["nspawn_pid"], self.child.pid)
         self.log(f"started systemd-nspawn pid {self.child.pid}")
         return self.wait_child()
@@ -123,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host-dir", required=True, type=Path)
     parser.add_argument("--netns", required=True, help="path of the network namespace, /run/netns/NAME")
     args = parser.parse_args(argv)
-    return Supervisor(args.name, args.host_dir, args.netns).run()
+    command = nspawn_command(args.name, args.host_dir / "rootfs", args.netns)
+    return Supervisor(args.name, args.host_dir, command).run()
 
 
 if __name__ == "__main__":
