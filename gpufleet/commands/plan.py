@@ -1,0 +1,93 @@
+"""`gpufleet plan --stack FILE [--json]`: check a declared GPU stack against the sourced version chain.
+
+Exit 0 when every link holds (warnings allowed), 2 when a link is broken or the stack file is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from gpufleet import compat
+
+INCOMPATIBLE_EXIT_CODE = 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="check a GPU stack (GPU, driver, CUDA, Python, torch, vLLM, flash-attn) before touching any host",
+        description="Validate every link of a stack file against data/compat. Exit 0: compatible; "
+        "2: incompatible or invalid file.",
+    )
+    parser.add_argument("--stack", type=Path, required=True, metavar="FILE",
+                        help="YAML file with keys gpu, driver, cuda, python, torch, torch_variant, vllm "
+                        "[, flash_attn, vllm_package]")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (schema gpufleet.plan/v1)")
+    parser.add_argument("--kb-dir", type=Path, default=None, metavar="DIR",
+                        help="knowledge base directory (default: $GPUFLEET_COMPAT_DIR or data/compat)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = compat.read_stack_file(args.stack)
+    kb = compat.load_knowledge_base(args.kb_dir)
+    report = compat.stack_chain().validate_stack(stack, kb)
+    document = plan_document(args.stack, kb, report)
+    print(json.dumps(document, indent=2, sort_keys=True) if args.json else render(document))
+    return 0 if report["compatible"] else INCOMPATIBLE_EXIT_CODE
+
+
+def plan_document(stack_file: Path, kb: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """The stable --json schema: the validator's report plus where the stack and the facts came from."""
+    return {
+        "schema": "gpufleet.plan/v1",
+        "stack_file": str(stack_file),
+        "knowledge_base": kb["kb_dir"],
+        "compatible": report["compatible"],
+        "stack": report["stack"],
+        "resolved": report["resolved"],
+        "errors": report["errors"],
+        "warnings": report["warnings"],
+        "facts": report["facts"],
+    }
+
+
+def render(document: dict[str, Any]) -> str:
+    """Human output: the verdict, every error and warning with its link, then the facts with sources."""
+    errors, warnings = document["errors"], document["warnings"]
+    verdict = "COMPATIBLE" if document["compatible"] else "NOT COMPATIBLE"
+    lines = [
+        f"stack {document['stack_file']}: {describe(document)}",
+        f"{verdict}: {len(errors)} error(s), {len(warnings)} warning(s)",
+    ]
+    for title, entries in (("errors", errors), ("warnings", warnings)):
+        if entries:
+            lines.append(f"{title}:")
+            lines.extend(f"  [{entry['link']}] {entry['message']}" for entry in entries)
+    lines.append(f"facts used (knowledge base {document['knowledge_base']}):")
+    for fact in document["facts"]:
+        lines.append(f"  - {fact['statement']}")
+        lines.append(f"    source: {fact['source']}")
+    return "\n".join(lines)
+
+
+def describe(document: dict[str, Any]) -> str:
+    stack, resolved = document["stack"], document["resolved"]
+    counts: dict[str, int] = {}
+    for gpu in resolved["gpus"]:
+        label = f"{gpu['model']} ({gpu['compute_capability']})"
+        counts[label] = counts.get(label, 0) + 1
+    gpus = ", ".join(label if count == 1 else f"{count} x {label}" for label, count in counts.items()) or "none"
+    parts = [
+        f"gpu {gpus}",
+        f"driver {stack['driver'] or '-'}",
+        f"cuda {stack['cuda'] or '-'}",
+        f"python {stack['python']}",
+        f"torch {stack['torch']}+{stack['torch_variant']}" if "+" not in stack["torch"] else f"torch {stack['torch']}",
+        f"{stack['vllm_package']} {stack['vllm'] or '-'}",
+        f"flash-attn {stack['flash_attn'] or '-'}",
+    ]
+    return "; ".join(parts)

@@ -1,0 +1,86 @@
+"""The controller side of the version-chain check: load the knowledge base and the one validator.
+
+The validator lives in plugins/module_utils/stack_chain.py because the same file is shipped to hosts
+inside Ansible modules; the CLI loads that very file (not a copy) by path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from gpufleet import PROJECT_ROOT
+from gpufleet.errors import GpufleetError
+
+MODULE_UTILS_DIR = PROJECT_ROOT / "plugins" / "module_utils"
+DEFAULT_KB_DIR = PROJECT_ROOT / "data" / "compat"
+INVALID_EXIT_CODE = 2
+
+
+def load_module_util(name: str) -> ModuleType:
+    """Import plugins/module_utils/<name>.py under a private name (it has no Ansible imports)."""
+    qualified = f"gpufleet._module_utils.{name}"
+    if qualified in sys.modules:
+        return sys.modules[qualified]
+    spec = importlib.util.spec_from_file_location(qualified, MODULE_UTILS_DIR / f"{name}.py")
+    if spec is None or spec.loader is None:
+        raise GpufleetError(f"cannot load {MODULE_UTILS_DIR / name}.py; is the checkout complete?")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[qualified] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def stack_chain() -> ModuleType:
+    """The validator module (plugins/module_utils/stack_chain.py)."""
+    return load_module_util("stack_chain")
+
+
+def stack_kb() -> ModuleType:
+    """The knowledge-base loader (plugins/module_utils/stack_kb.py)."""
+    return load_module_util("stack_kb")
+
+
+def kb_dir_from_env() -> Path:
+    """The knowledge base directory: $GPUFLEET_COMPAT_DIR or data/compat in the checkout."""
+    return Path(os.environ.get("GPUFLEET_COMPAT_DIR", str(DEFAULT_KB_DIR)))
+
+
+def load_knowledge_base(kb_dir: Path | None = None) -> dict[str, Any]:
+    """Load all knowledge-base tables; a broken knowledge base is an operator error, not a traceback."""
+    kb_module = stack_kb()
+    try:
+        return kb_module.load_kb(str(kb_dir or kb_dir_from_env()))
+    except kb_module.KnowledgeBaseError as error:
+        raise GpufleetError(f"{error}; restore data/compat from git or run scripts/refresh_compat.py") from error
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """Parse a stack YAML file into a normalised stack dict; every problem is one GpufleetError line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as error:
+        raise GpufleetError(f"stack file {path} does not exist", INVALID_EXIT_CODE) from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise GpufleetError(f"cannot read stack file {path}: {error}", INVALID_EXIT_CODE) from error
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise GpufleetError(
+            f"stack file {path} is not valid YAML{where}: {error.problem}; fix the syntax", INVALID_EXIT_CODE
+        ) from error
+    except yaml.YAMLError as error:
+        raise GpufleetError(f"stack file {path} is not valid YAML: {error}", INVALID_EXIT_CODE) from error
+    chain = stack_chain()
+    try:
+        return chain.normalize_stack(raw)
+    except chain.StackError as error:
+        raise GpufleetError(f"stack file {path}: {error}", INVALID_EXIT_CODE) from error

