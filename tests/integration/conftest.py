@@ -1,0 +1,65 @@
+"""Shared helpers for tests against the running lab fleet (`gpufleet lab up`, run by scripts/run-tests.sh)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet import PROJECT_ROOT
+
+LAB_INVENTORY = PROJECT_ROOT / "inventories" / "lab" / "hosts.yml"
+BIN = Path(sys.executable).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Everything here needs the lab fleet.
+    for item in items:
+        item.add_marker(pytest.mark.lab)
+
+
+@pytest.fixture(scope="session")
+def lab_inventory() -> Path:
+    """The shared lab's inventory; fails (not skips) when no lab runs, so a missing lab is visible."""
+    if not LAB_INVENTORY.is_file():
+        pytest.fail(f"{LAB_INVENTORY} is missing: run `gpufleet lab up` before the integration tests")
+    return LAB_INVENTORY
+
+
+@pytest.fixture(scope="session")
+def lab_hosts(lab_inventory: Path) -> dict[str, dict]:
+    """Host name -> host variables of group gpu_nodes."""
+    document = yaml.safe_load(lab_inventory.read_text())
+    return document["all"]["children"]["gpu_nodes"]["hosts"]
+
+
+AnsibleRunner = Callable[..., dict[str, dict]]
+
+
+def run_ansible(inventory: Path, pattern: str, module: str, args: str = "", timeout: int = 600) -> dict[str, dict]:
+    """Runs one ad-hoc module; returns host -> module result. Fails when ansible or any host fails."""
+    with tempfile.TemporaryDirectory(prefix="gpufleet-ansible-") as tree:
+        # --tree writes each host's result as JSON: parsed, not scraped from the screen output.
+        command = [str(BIN / "ansible"), "-i", str(inventory), pattern, "-m", module, "--tree", tree]
+        if args:
+            command += ["-a", args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=PROJECT_ROOT,
+                                check=False)
+        results = {path.name: json.loads(path.read_text()) for path in Path(tree).iterdir()}
+    failed = {host: r for host, r in results.items() if r.get("failed") or r.get("unreachable")}
+    assert result.returncode == 0 and not failed, (
+        f"ansible {pattern} -m {module} failed (rc {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}"
+    )
+    return results
+
+
+@pytest.fixture(scope="session")
+def ansible(lab_inventory: Path) -> AnsibleRunner:
+    """`ansible(pattern, module, args)` against the shared lab inventory."""
+    return lambda pattern, module, args="", timeout=600: run_ansible(lab_inventory, pattern, module, args, timeout)
