@@ -172,10 +172,18 @@ prefix:
   type: str
   sample: /usr/local/cuda-12.8
 loaded:
-  description: Version of the driver kernel module the running kernel has loaded; null when none is.
+  description: Version of the driver kernel module the running kernel has loaded; null when none is or it is unknown.
   returned: when kind is driver
   type: str
   sample: "570.133.20"
+driver_state:
+  description:
+    - State of the driver kernel module as NVML (or, without NVML, /proc) reports it.
+    - C(mismatch) is NVML's "Driver/library version mismatch", the libraries on disk and the loaded module differ.
+  returned: when kind is driver
+  type: str
+  choices: [loaded, not_loaded, mismatch, no_library]
+  sample: mismatch
 reboot_required:
   description:
     - The driver on disk is not the loaded one (a reboot loads it), or no driver module is loaded.
@@ -218,21 +226,32 @@ from ansible.module_utils.runfile import (
 )
 
 try:
-    # The NVML binding lands with the GPU-state work; without it the kernel's own files are read.
-    from ansible.module_utils.nvml import loaded_driver_version as nvml_loaded_driver_version
+    # The NVML binding of the GPU-state work. Imported inside try so the module still runs where it is absent.
+    from ansible.module_utils.nvml import Nvml, NvmlDriverNotLoaded, NvmlLibraryNotFound, NvmlVersionMismatch
 except ImportError:
-    nvml_loaded_driver_version = None
+    Nvml = None
 
 LOCALE_ENV = {"LANGUAGE": "C", "LC_ALL": "C"}
 
 
-def loaded_driver() -> str | None:
-    """Version of the loaded driver module: NVML first (what CUDA sees), then /proc and /sys."""
-    if nvml_loaded_driver_version is not None:
-        version = nvml_loaded_driver_version()
-        if version:
-            return version
-    return loaded_driver_from_kernel()
+def loaded_driver() -> tuple[str, str | None]:
+    """(state, version) of the driver kernel module: NVML first (what CUDA sees), then /proc and /sys.
+
+    state is one of loaded, not_loaded, mismatch (libraries newer or older than the loaded module),
+    no_library (no NVML to ask and nothing in /proc or /sys).
+    """
+    kernel_version = loaded_driver_from_kernel()
+    if Nvml is None:
+        return ("loaded", kernel_version) if kernel_version else ("no_library", None)
+    try:
+        with Nvml() as nvml:
+            return "loaded", nvml.driver_version()
+    except NvmlVersionMismatch:
+        return "mismatch", kernel_version
+    except NvmlDriverNotLoaded:
+        return "not_loaded", None
+    except NvmlLibraryNotFound:
+        return ("loaded", kernel_version) if kernel_version else ("no_library", None)
 
 
 def build_flags(params: dict, prefix: str | None) -> list[str]:
@@ -369,8 +388,10 @@ def main() -> None:
     if kind == "driver":
         # In check mode nothing was installed: the pending reboot is the one the host has now.
         on_disk = before if module.check_mode else result["installed"]
-        result["loaded"] = loaded_driver()
-        result["reboot_required"] = on_disk is not None and result["loaded"] != on_disk
+        result["driver_state"], result["loaded"] = loaded_driver()
+        result["reboot_required"] = on_disk is not None and (
+            result["driver_state"] != "loaded" or result["loaded"] != on_disk
+        )
     module.exit_json(**result)
 
 
