@@ -331,7 +331,7 @@ def _normal_gpu_name(name: str) -> str:
 
 
 def driver_runs_cuda(index: _Index, report: Report, driver: str, cuda: str, what: str, link: str,
-                     fix: str) -> None:
+                     fix: str, holder: str = "stack has") -> None:
     """Check that `driver` runs CUDA `cuda` (toolkit, torch wheel or vLLM wheel): error, warning or fine."""
     rows = index.cuda_rows(cuda)
     if not rows:
@@ -363,8 +363,8 @@ def driver_runs_cuda(index: _Index, report: Report, driver: str, cuda: str, what
                         "minor-version compatibility (no PTX JIT of newer code, some APIs unavailable) — prefer "
                         "driver >= %s" % (driver, floor, cuda, what, floor))
         return
-    report.error(link, "%s needs CUDA %s, which needs driver >= %s; stack has driver %s — %s"
-                 % (what, cuda, floor or compat_min, driver, fix))
+    report.error(link, "%s needs CUDA %s, which needs driver >= %s; %s driver %s — %s"
+                 % (what, cuda, floor or compat_min, holder, driver, fix))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -859,8 +859,8 @@ def _host_driver(index: _Index, report: Report, facts: dict) -> None:
         report.error("driver -> torch", "torch is built with CUDA %s but no NVIDIA driver was found (NVML) — install "
                      "the driver and load its module" % torch_cuda)
         return
-    driver_runs_cuda(index, report, driver, torch_cuda, "the installed torch (CUDA %s)" % torch_cuda,
-                     "driver -> torch", "install a newer driver or a torch variant for an older CUDA")
+    driver_runs_cuda(index, report, driver, torch_cuda, "the installed torch", "driver -> torch",
+                     "install a newer driver or a torch variant for an older CUDA", holder="the host runs")
     driver_cuda = facts["driver_cuda_version"]
     if driver_cuda and version_key(driver_cuda) < version_key(torch_cuda):
         if driver_cuda.split(".")[0] == torch_cuda.split(".")[0]:
@@ -891,7 +891,7 @@ def _host_arch(index: _Index, report: Report, facts: dict) -> None:
 
 def _cc_label(index: _Index, cc: str) -> str:
     row = index.ccs.get(cc)
-    return "GPU %s" % (row["architecture"] if row else "compute capability " + cc)
+    return "the %s GPU" % row["architecture"] if row else "the GPU of compute capability %s" % cc
 
 
 def _host_toolkit(index: _Index, report: Report, facts: dict) -> None:

@@ -92,7 +92,7 @@ def host_check_subset(kb: dict) -> dict:
     """The part of the knowledge base the on-host check needs (kept small: it travels as module args)."""
     return {
         "cuda": [
-            {key: row[key] for key in ("cuda_version", "min_driver", "min_driver_status",
+            {key: row[key] for key in ("cuda_version", "cuda_release", "min_driver", "min_driver_status",
                                        "minor_compat_min", "minor_compat_upper", "source")}
             for row in kb["cuda"]
         ],
