@@ -6,11 +6,14 @@ A test fixture and a lab artifact: production code paths never call this module.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from gpufleet import PROJECT_ROOT
 from gpufleet.errors import GpufleetError
@@ -77,6 +80,27 @@ def build_library() -> Path:
     os.chmod(partial, 0o755)
     os.replace(partial, target)
     return target
+
+
+class SimulatedMachine:
+    """One simulated machine: its description file, switched with the real simgpuctl."""
+
+    def __init__(self, description: Path, library: Path) -> None:
+        self.description = description
+        self.library = library
+
+    def ctl(self, *arguments: str) -> None:
+        """Runs `simgpuctl --description FILE ARGUMENTS...`; raises GpufleetError with its message if it fails."""
+        command = [sys.executable, str(SIMGPUCTL), "--description", str(self.description), *arguments]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise GpufleetError(f"simgpuctl {' '.join(arguments)} failed: {result.stderr.strip()}")
+
+    def read(self) -> dict[str, Any]:
+        return json.loads(self.description.read_text())
+
+    def write(self, description: dict[str, Any]) -> None:
+        self.description.write_text(json.dumps(description, indent=2))
 
 
 def install_on_hosts(inventory: Path, limit: str, description: Path | None = None,

@@ -1,0 +1,24 @@
+"""Shared unit-test fixtures. Keep this file small: fixtures used by one test file belong in that file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet import simgpu
+
+
+@pytest.fixture(scope="session")
+def simgpu_library() -> Path:
+    """The simulated libnvidia-ml.so.1, compiled with gcc (cached by source digest)."""
+    return simgpu.build_library()
+
+
+@pytest.fixture
+def simgpu_machine(tmp_path: Path, simgpu_library: Path, monkeypatch: pytest.MonkeyPatch) -> simgpu.SimulatedMachine:
+    """The default H200 in a temporary description file that GPUFLEET_SIMGPU_CONFIG points at."""
+    description = tmp_path / "gpus.json"
+    description.write_text(simgpu.DEFAULT_DESCRIPTION.read_text())
+    monkeypatch.setenv(simgpu.DESCRIPTION_ENV, str(description))
+    return simgpu.SimulatedMachine(description, simgpu_library)
