@@ -104,18 +104,20 @@ class SimulatedMachine:
 
 
 def install_on_hosts(inventory: Path, limit: str, description: Path | None = None,
-                     ansible_playbook: str | None = None) -> subprocess.CompletedProcess[str]:
+                     extra_vars: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Copies the library, nvidia-smi, simgpuctl and a description onto hosts over Ansible (SSH).
 
-    Runs lab/simgpu/install.yml against `limit` in `inventory`; raises GpufleetError if it fails.
+    Runs lab/simgpu/install.yml against `limit` in `inventory`. `extra_vars` may move the files (see the
+    simgpu_*_dir variables of the playbook). Raises GpufleetError if the playbook fails.
     """
-    playbook_binary = ansible_playbook or shutil.which("ansible-playbook") or str(
-        PROJECT_ROOT / ".venv" / "bin" / "ansible-playbook")
-    command = [
-        playbook_binary, "-i", str(inventory), "--limit", limit, str(INSTALL_PLAYBOOK),
-        "-e", f"simgpu_library_src={build_library()}",
-        "-e", f"simgpu_description_src={description or DEFAULT_DESCRIPTION}",
-    ]
+    variables = {
+        "simgpu_library_src": str(build_library()),
+        "simgpu_description_src": str(description or DEFAULT_DESCRIPTION),
+        **(extra_vars or {}),
+    }
+    playbook_binary = Path(sys.executable).parent / "ansible-playbook"
+    command = [str(playbook_binary), "-i", str(inventory), "--limit", limit, str(INSTALL_PLAYBOOK),
+               "-e", json.dumps(variables)]
     result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=PROJECT_ROOT)
     if result.returncode != 0:
         raise GpufleetError(f"installing the simulated GPU on {limit} failed (ansible-playbook exit "
