@@ -94,6 +94,21 @@ class _Memory(ctypes.Structure):
     ]
 
 
+class _MemoryV2(ctypes.Structure):
+    """nvmlMemory_v2_t, in bytes: `used` excludes the driver's reserved memory (nvidia-smi's "used")."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("total", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+# NVML_STRUCT_VERSION(Memory, 2): the struct's size in the low bits, its version in the top byte.
+_MEMORY_V2_VERSION = ctypes.sizeof(_MemoryV2) | (2 << 24)
+
 _uint_p = ctypes.POINTER(ctypes.c_uint)
 _int_p = ctypes.POINTER(ctypes.c_int)
 _ull_p = ctypes.POINTER(ctypes.c_ulonglong)
@@ -113,6 +128,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "nvmlDeviceGetPciInfo_v3": [_device, ctypes.POINTER(_PciInfo)],
     "nvmlDeviceGetCudaComputeCapability": [_device, _int_p, _int_p],
     "nvmlDeviceGetMemoryInfo": [_device, ctypes.POINTER(_Memory)],
+    "nvmlDeviceGetMemoryInfo_v2": [_device, ctypes.POINTER(_MemoryV2)],
     "nvmlDeviceGetPersistenceMode": [_device, _uint_p],
     "nvmlDeviceGetEccMode": [_device, _uint_p, _uint_p],
     "nvmlDeviceGetTotalEccErrors": [_device, ctypes.c_uint, ctypes.c_uint, _ull_p],
@@ -274,6 +290,8 @@ GPU_FIELDS = (
     "memory_total_mib",
     "memory_used_bytes",
     "memory_used_mib",
+    "memory_reserved_bytes",
+    "memory_reserved_mib",
     "persistence_mode",
     "ecc_mode",
     "ecc_mode_pending",
@@ -322,7 +340,8 @@ class _DeviceReader:
             (("uuid",), self._uuid),
             (("pci_bus_id",), self._pci),
             (("compute_capability",), self._compute_capability),
-            (("memory_total_bytes", "memory_total_mib", "memory_used_bytes", "memory_used_mib"), self._memory),
+            (("memory_total_bytes", "memory_total_mib", "memory_used_bytes", "memory_used_mib",
+              "memory_reserved_bytes", "memory_reserved_mib"), self._memory),
             (("persistence_mode",), self._persistence),
             (("ecc_mode", "ecc_mode_pending"), self._ecc_mode),
             (("ecc_errors_uncorrected_volatile",), lambda: self._ecc_errors(NVML_VOLATILE_ECC)),
@@ -370,13 +389,23 @@ class _DeviceReader:
         return {"compute_capability": "%d.%d" % (major.value, minor.value)}
 
     def _memory(self) -> dict[str, Any]:
-        memory = _Memory()
-        self.nvml.call("nvmlDeviceGetMemoryInfo", self.handle, ctypes.byref(memory))
+        try:
+            memory = _MemoryV2(version=_MEMORY_V2_VERSION)
+            self.nvml.call("nvmlDeviceGetMemoryInfo_v2", self.handle, ctypes.byref(memory))
+            reserved: dict[str, Any] = {"memory_reserved_bytes": memory.reserved,
+                                        "memory_reserved_mib": memory.reserved // MIB}
+        except _NotSupported:
+            # An NVML without version 2: "used" then includes the reserved memory, which is not given apart.
+            memory = _Memory()
+            self.nvml.call("nvmlDeviceGetMemoryInfo", self.handle, ctypes.byref(memory))
+            reserved = {}
+            self.gpu["unsupported"].extend(("memory_reserved_bytes", "memory_reserved_mib"))
         return {
             "memory_total_bytes": memory.total,
             "memory_total_mib": memory.total // MIB,
             "memory_used_bytes": memory.used,
             "memory_used_mib": memory.used // MIB,
+            **reserved,
         }
 
     def _persistence(self) -> dict[str, Any]:

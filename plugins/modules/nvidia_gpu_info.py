@@ -196,13 +196,22 @@ gpus:
       type: int
       sample: 143771
     memory_used_bytes:
-      description: Used memory in bytes.
+      description: Used memory in bytes, without the driver's reserved memory (as nvidia-smi shows it) when NVML
+        reports that apart (nvmlDeviceGetMemoryInfo_v2).
       type: int
       sample: 0
     memory_used_mib:
-      description: Used memory in MiB.
+      description: Used memory in MiB, as RV(gpus[].memory_used_bytes).
       type: int
       sample: 0
+    memory_reserved_bytes:
+      description: Memory the driver and firmware reserve, in bytes; null on an NVML without nvmlDeviceGetMemoryInfo_v2.
+      type: int
+      sample: 644939776
+    memory_reserved_mib:
+      description: Reserved memory in MiB.
+      type: int
+      sample: 615
     persistence_mode:
       description: Whether persistence mode is on.
       type: bool

@@ -40,7 +40,8 @@ def test_h200_defaults(simgpu_machine: SimGpu) -> None:
     assert gpu["compute_capability"] == "9.0"
     assert gpu["memory_total_bytes"] == 150754820096
     assert gpu["memory_total_mib"] == 143771
-    assert gpu["memory_used_mib"] == 0
+    assert gpu["memory_used_mib"] == 0  # as nvidia-smi shows it: without the driver's reserved memory
+    assert gpu["memory_reserved_bytes"] == 644939776 and gpu["memory_reserved_mib"] == 615
     assert gpu["persistence_mode"] is True
     assert gpu["ecc_mode"] is True and gpu["ecc_mode_pending"] is True
     assert gpu["ecc_errors_uncorrected_volatile"] == 0

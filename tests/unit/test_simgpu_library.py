@@ -110,6 +110,28 @@ def test_pci_info_layout_and_formats(session: ctypes.CDLL) -> None:
     assert (info.domain, info.bus, info.device) == (0, 0, 6)
 
 
+class MemoryV1(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class MemoryV2(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def test_memory_v1_counts_reserved_as_used_and_v2_reports_it_apart(session: ctypes.CDLL) -> None:
+    device = handle(session)
+    v1 = MemoryV1()
+    assert session.nvmlDeviceGetMemoryInfo(device, ctypes.byref(v1)) == SUCCESS
+    assert (v1.total, v1.used, v1.free) == (150754820096, 644939776, 150754820096 - 644939776)
+    assert ctypes.sizeof(MemoryV2) == 40
+    v2 = MemoryV2(version=40 | 2 << 24)  # NVML_STRUCT_VERSION(Memory, 2)
+    assert session.nvmlDeviceGetMemoryInfo_v2(device, ctypes.byref(v2)) == SUCCESS
+    assert (v2.total, v2.reserved, v2.used, v2.free) == (150754820096, 644939776, 0, 150754820096 - 644939776)
+    stale = MemoryV2(version=1)
+    assert session.nvmlDeviceGetMemoryInfo_v2(device, ctypes.byref(stale)) == 25  # ARGUMENT_VERSION_MISMATCH
+
+
 def test_handle_by_uuid(session: ctypes.CDLL) -> None:
     device = ctypes.c_void_p()
     assert session.nvmlDeviceGetHandleByUUID(b"GPU-1757f6d0-d02c-d95a-c569-55d572b0340a", ctypes.byref(device)) == 0
@@ -181,7 +203,7 @@ def edited(description: dict, path: str, value: object) -> dict:
         ("gpus.0.bogus", 1, 'gpus[0]: unknown key "bogus"'),
         ("gpus.0.name", None, 'gpus[0]: missing "name"'),
         ("gpus.0.name", 42, "gpus[0].name: expected a string, got a number"),
-        ("gpus.0.memory_used_bytes", 10**15, "memory_used_bytes is larger than memory_total_bytes"),
+        ("gpus.0.memory_used_bytes", 10**15, "memory_used_bytes + memory_reserved_bytes is larger than memory_total"),
         ("gpus.0.temperature_c", -3, "gpus[0].temperature_c: expected a whole number"),
         ("gpus.0.pci_bus_id", "0:0:6", "gpus[0].pci_bus_id: expected DOMAIN:BUS:DEVICE.0"),
         ("gpus.0.compute_capability", [9], "expected [major, minor]"),

@@ -14,6 +14,7 @@ from gpufleet import simgpu
 
 CAPTURE = Path(__file__).resolve().parents[3] / "shared" / "data" / "h200-capture.json"
 H200_UUID = "GPU-1757f6d0-d02c-d95a-c569-55d572b0340a"
+REFERENCE = simgpu.SIMGPU_DIR / "reference" / "h200-580.159.04"  # recorded from a real nvidia-smi
 
 
 def smi(machine: simgpu.SimulatedMachine, *arguments: str, library_dir: Path | None = None
@@ -63,6 +64,32 @@ def test_query_csv_with_header_and_units(simgpu_machine: simgpu.SimulatedMachine
     ]
 
 
+def test_memory_used_excludes_reserved_as_in_nvidia_smi(simgpu_machine: simgpu.SimulatedMachine) -> None:
+    simgpu_machine.ctl("set", "gpus.0.memory_used_bytes", str(2048 * 1024 * 1024))
+    result = smi(simgpu_machine, "--query-gpu=memory.used,memory.reserved,memory.free", "--format=csv,noheader")
+    assert result.stdout == "2048 MiB, 616 MiB, 141108 MiB\n"
+
+
+def test_same_output_as_the_real_nvidia_smi(simgpu_machine: simgpu.SimulatedMachine) -> None:
+    """The stand-in, set to the live values of the recorded real H200, prints exactly what it printed."""
+    simgpu_machine.ctl("set", "gpus.0.uuid", '"GPU-00000000-0000-0000-0000-000000000000"')
+    simgpu_machine.ctl("set", "gpus.0.temperature_c", "37")
+    simgpu_machine.ctl("set", "gpus.0.power_draw_w", "123.61")
+    real_query = (REFERENCE / "nvidia-smi-query.csv").read_text().splitlines()
+    fields = real_query[0].replace(" [MiB]", "").replace(" [W]", "").replace(" [%]", "").replace(" ", "")
+    assert smi(simgpu_machine, f"--query-gpu={fields}", "--format=csv").stdout.splitlines() == real_query
+    real_memory = (REFERENCE / "nvidia-smi-memory.csv").read_text()
+    memory = smi(simgpu_machine, "--query-gpu=memory.used,memory.reserved,memory.free", "--format=csv")
+    assert memory.stdout == real_memory
+    assert smi(simgpu_machine, "--version").stdout == (REFERENCE / "nvidia-smi-version.txt").read_text()
+    simgpu_machine.ctl("set", "gpus.0.temperature_c", "38")
+    simgpu_machine.ctl("set", "gpus.0.power_draw_w", "126")
+    real_table = (REFERENCE / "nvidia-smi.txt").read_text().splitlines()
+    table = smi(simgpu_machine).stdout.splitlines()
+    assert table[1:] == real_table[1:]  # all but the date
+    assert len(table[0]) == len(real_table[0])
+
+
 def test_query_csv_noheader_nounits(simgpu_machine: simgpu.SimulatedMachine) -> None:
     simgpu_machine.ctl("gpu-count", "3")
     result = smi(simgpu_machine, "--query-gpu=index,memory.total,ecc.mode.current", "--format=csv,noheader,nounits")
@@ -79,7 +106,8 @@ def test_list_and_select_by_uuid(simgpu_machine: simgpu.SimulatedMachine) -> Non
 
 def test_version(simgpu_machine: simgpu.SimulatedMachine) -> None:
     lines = smi(simgpu_machine, "--version").stdout.splitlines()
-    assert lines == ["NVIDIA-SMI version  : 580.159.04", "NVML version        : 13.580.159.04",
+    # As the real nvidia-smi 580.159.04 prints it (NVML itself reports "13.580.159.04").
+    assert lines == ["NVIDIA-SMI version  : 580.159.04", "NVML version        : 580.159",
                      "DRIVER version      : 580.159.04", "CUDA Version        : 13.0"]
 
 

@@ -32,6 +32,10 @@ typedef enum nvmlReturn_enum {
     NVML_ERROR_IN_USE = 19,
     NVML_ERROR_MEMORY = 20,
     NVML_ERROR_NO_DATA = 21,
+    NVML_ERROR_VGPU_ECC_NOT_ENABLED = 22,
+    NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
+    NVML_ERROR_FREQ_NOT_SUPPORTED = 24,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999
 } nvmlReturn_t;
 
@@ -99,12 +103,26 @@ typedef struct nvmlPciInfo_st {
     char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
 } nvmlPciInfo_t;
 
-/* Filled by nvmlDeviceGetMemoryInfo (version 1 of the struct), in bytes. */
+/* Filled by nvmlDeviceGetMemoryInfo (version 1 of the struct), in bytes: "used" includes reserved memory. */
 typedef struct nvmlMemory_st {
     unsigned long long total;
     unsigned long long free;
     unsigned long long used;
 } nvmlMemory_t;
+
+/* Versioned structs carry their size and version in the first field, as nvml.h's NVML_STRUCT_VERSION. */
+#define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml##data##_v##ver##_t) | (ver << 24U))
+
+/* Filled by nvmlDeviceGetMemoryInfo_v2, in bytes: "used" excludes what the driver reserves. */
+typedef struct nvmlMemory_v2_st {
+    unsigned int version;        /* must be nvmlMemory_v2 */
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+#define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)
 
 /* Filled by nvmlDeviceGetUtilizationRates, in percent. */
 typedef struct nvmlUtilization_st {

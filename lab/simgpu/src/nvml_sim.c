@@ -90,6 +90,7 @@ NVML_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_IN_USE: return "In use by another client";
     case NVML_ERROR_MEMORY: return "Insufficient Memory";
     case NVML_ERROR_NO_DATA: return "No data";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
     }
 }
@@ -264,12 +265,26 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device,
 
 /* ---- memory and modes ------------------------------------------------------------------------ */
 
+/* Version 1 counts the driver's reserved memory as used; version 2 reports it apart (as nvidia-smi shows). */
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     REQUIRE_DEVICE(device, FEATURE_MEMORY);
     REQUIRE_POINTER(memory);
     memory->total = device->memory_total;
+    memory->used = device->memory_used + device->memory_reserved;
+    memory->free = device->memory_total - memory->used;
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    REQUIRE_DEVICE(device, FEATURE_MEMORY);
+    REQUIRE_POINTER(memory);
+    if (memory->version != nvmlMemory_v2) {
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    memory->total = device->memory_total;
+    memory->reserved = device->memory_reserved;
     memory->used = device->memory_used;
-    memory->free = device->memory_total - device->memory_used;
+    memory->free = device->memory_total - device->memory_used - device->memory_reserved;
     return NVML_SUCCESS;
 }
 

@@ -243,8 +243,9 @@ static void read_memory(loader *l, const json_value *gpu, struct nvmlDevice_st *
         whole_number(l, total, 9007199254740992.0, &device->memory_total, where, "memory_total_bytes");
     }
     read_count(l, gpu, "memory_used_bytes", 9007199254740992.0, &device->memory_used, where);
-    if (!l->failed && device->memory_used > device->memory_total) {
-        load_error(l, "%s: memory_used_bytes is larger than memory_total_bytes", where);
+    read_count(l, gpu, "memory_reserved_bytes", 9007199254740992.0, &device->memory_reserved, where);
+    if (!l->failed && device->memory_used + device->memory_reserved > device->memory_total) {
+        load_error(l, "%s: memory_used_bytes + memory_reserved_bytes is larger than memory_total_bytes", where);
     }
 }
 
@@ -390,7 +391,7 @@ static void read_utilization(loader *l, const json_value *gpu, struct nvmlDevice
 static void read_gpu(loader *l, const json_value *gpu, unsigned int index, struct nvmlDevice_st *device) {
     static const char *const keys[] = {
         "comment", "name", "uuid", "pci_bus_id", "pci_device_id", "pci_subsystem_id", "compute_capability",
-        "memory_total_bytes", "memory_used_bytes", "persistence_mode", "ecc", "mig", "power_limit_w",
+        "memory_total_bytes", "memory_used_bytes", "memory_reserved_bytes", "persistence_mode", "ecc", "mig", "power_limit_w",
         "power_draw_w", "temperature_c", "utilization_pct", "performance_state", "compute_mode",
         "fan_speed_pct", "display_active", "retired_pages", "row_remapping", "not_supported", "lost", NULL};
     char where[32];

@@ -39,7 +39,7 @@ struct nvmlDevice_st {
     unsigned int pci_domain, pci_bus, pci_device;
     unsigned int pci_device_id, pci_subsystem_id;
     int compute_major, compute_minor;
-    unsigned long long memory_total, memory_used;
+    unsigned long long memory_total, memory_used, memory_reserved;
     int persistence_mode;
     int ecc_enabled, ecc_pending;
     unsigned long long ecc_counts[NVML_MEMORY_ERROR_TYPE_COUNT][NVML_ECC_COUNTER_TYPE_COUNT];
