@@ -1,0 +1,309 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Build one CPython version with pyenv's python-build, only when the installed one is not the requested build."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: pyenv_install
+short_description: Compile a CPython version with pyenv, only when it is missing or not the requested build
+description:
+  - Probes C(PYENV_ROOT/versions/VERSION/bin/pythonX.Y) with an empty environment and reads, through
+    C(sysconfig), the version, whether it is a shared build (C(Py_ENABLE_SHARED)) and the configure
+    arguments. When they match the request the module does nothing; otherwise it builds.
+  - The build runs pyenv's C(python-build) with the definition O(definition) (a name from pyenv's own
+    definitions or a definition file), C(PYTHON_BUILD_CACHE_PATH=)O(cache_path) (the verified source
+    tarball must already be there, under the name python-build expects) and C(PYTHON_BUILD_SKIP_MIRROR=1),
+    so a node never downloads source on its own.
+  - "O(enable_shared) adds C(--enable-shared); python-build then links the interpreter with an rpath to
+    C(PREFIX/lib), so it finds its libpython without C(LD_LIBRARY_PATH) (the probe runs without it)."
+  - The whole build output goes to a log file; a failed build fails the task with the last O(log_lines)
+    lines of that log and its path. A build that succeeds but probes wrong fails too.
+  - Several versions live side by side, one prefix each; building one never touches another.
+version_added: "0.1.0"
+author: gpufleet
+options:
+  pyenv_root:
+    description: pyenv's root (C(PYENV_ROOT)); builds go to C(PYENV_ROOT/versions/VERSION).
+    type: path
+    required: true
+  version:
+    description: The CPython release to build, exactly C(X.Y.Z), e.g. C(3.11.2).
+    type: str
+    required: true
+  definition:
+    description:
+      - python-build definition, a name from C(PYENV_ROOT/plugins/python-build/share/python-build) or a path
+        to a definition file. Defaults to pyenv's own definition named O(version).
+    type: str
+  cache_path:
+    description: Directory holding the verified source tarball (C(PYTHON_BUILD_CACHE_PATH)).
+    type: path
+    required: true
+  source_is_tgz:
+    description:
+      - The source in O(cache_path) is the C(.tgz), not the C(.tar.xz). Makes pyenv's own definitions, which
+        prefer C(.tar.xz) when C(xz) is installed, use the C(.tgz) line and its checksum.
+    type: bool
+    default: false
+  enable_shared:
+    description: Build libpython as a shared library (C(--enable-shared)), with an rpath to it.
+    type: bool
+    default: true
+  optimizations:
+    description: Profile-guided optimization (C(--enable-optimizations)); runs CPython's test suite as training, slow.
+    type: bool
+    default: false
+  lto:
+    description: Link-time optimization (C(--with-lto)); slow.
+    type: bool
+    default: false
+  configure_opts:
+    description: Further configure options, e.g. C(--disable-test-modules). Each must appear in the probed build.
+    type: list
+    elements: str
+    default: []
+  make_jobs:
+    description: Parallel make jobs. C(0) means one per core the node gives this process; never more than that.
+    type: int
+    default: 0
+  log_dir:
+    description: Where the build log goes (C(python-build-VERSION.log)).
+    type: path
+    default: /var/log/gpufleet
+  build_tmpdir:
+    description: Where python-build unpacks and compiles (C(TMPDIR)); needs about 500 MB and must allow executables.
+    type: path
+    default: /var/tmp
+  log_lines:
+    description: How many lines of the build log a failure shows.
+    type: int
+    default: 40
+  timeout:
+    description: Seconds the build may take before it is stopped and fails.
+    type: int
+    default: 7200
+attributes:
+  check_mode:
+    support: full
+    details: Probes and reports whether a build would run and why; builds nothing.
+  diff_mode:
+    support: full
+    details: Before and after are the probed and the requested build.
+notes:
+  - The build dependencies (compiler, headers of OpenSSL, zlib, libffi, ...) must be installed first; the
+    pyenv_python role does that per OS family.
+seealso:
+  - name: pyenv's python-build
+    description: The build tool and the environment variables this module sets.
+    link: https://github.com/pyenv/pyenv/tree/master/plugins/python-build
+"""
+
+EXAMPLES = r"""
+- name: Build CPython 3.11.2 as a shared library from the verified tarball in the pyenv cache
+  pyenv_install:
+    pyenv_root: /opt/pyenv
+    version: "3.11.2"
+    cache_path: /opt/pyenv/cache
+    source_is_tgz: true
+    configure_opts: [--disable-test-modules]
+  register: python_build
+
+- name: Build with PGO and LTO for production nodes
+  pyenv_install:
+    pyenv_root: /opt/pyenv
+    version: "3.12.8"
+    cache_path: /opt/pyenv/cache
+    optimizations: true
+    lto: true
+"""
+
+RETURN = r"""
+python:
+  description: The versioned interpreter of the build.
+  returned: always
+  type: str
+  sample: /opt/pyenv/versions/3.11.2/bin/python3.11
+prefix:
+  description: The build's prefix.
+  returned: always
+  type: str
+  sample: /opt/pyenv/versions/3.11.2
+built:
+  description: Whether a build ran (in check mode, whether one would run).
+  returned: always
+  type: bool
+reasons:
+  description: Why a build was needed; empty when the installed build is the requested one.
+  returned: always
+  type: list
+  elements: str
+  sample: ["not installed"]
+probe:
+  description: What the interpreter reports about itself after the run (before it, in check mode).
+  returned: when an interpreter was found
+  type: dict
+  contains:
+    version:
+      description: C(platform.python_version()).
+      type: str
+      sample: "3.11.2"
+    shared:
+      description: C(sysconfig) C(Py_ENABLE_SHARED).
+      type: bool
+    config_args:
+      description: C(sysconfig) C(CONFIG_ARGS), the configure command line of the build.
+      type: str
+    ldlibrary:
+      description: The libpython it links (C(libpython3.11.so) for a shared build).
+      type: str
+configure_opts:
+  description: The configure options requested.
+  returned: always
+  type: list
+  elements: str
+make_jobs:
+  description: The parallel make jobs used.
+  returned: always
+  type: int
+build_seconds:
+  description: How long the build took.
+  returned: when a build ran
+  type: float
+log:
+  description: The build log.
+  returned: always
+  type: str
+  sample: /var/log/gpufleet/python-build-3.11.2.log
+"""
+
+import os
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.python_build import (
+    PROBE,
+    PythonBuildError,
+    build_environment,
+    configure_options,
+    interpreter_path,
+    log_tail,
+    make_jobs,
+    mismatches,
+    parse_probe,
+)
+
+
+def probe(module: AnsibleModule, python: str) -> dict | None:
+    """What the interpreter says about itself, run with an empty environment; None when it is absent."""
+    if not os.path.exists(python):
+        return None
+    rc, out, err = module.run_command([python, "-I", "-c", PROBE], environ_update={"LC_ALL": "C"},
+                                      check_rc=False)
+    if rc != 0:
+        # A shared build whose libpython cannot be found fails here: that build is not correct.
+        return {"version": None, "shared": False, "config_args": "", "error": (err or out).strip()[-500:]}
+    return parse_probe(out)
+
+
+def python_build_command(pyenv_root: str, definition: str, prefix: str) -> list[str]:
+    tool = os.path.join(pyenv_root, "plugins", "python-build", "bin", "python-build")
+    return [tool, "--verbose", definition, prefix]
+
+
+def run_build(module: AnsibleModule, command: list[str], env: dict[str, str], log_path: str) -> tuple[int, float]:
+    """Runs python-build with all its output in the log file; returns the exit code and the seconds taken."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        log.write(("$ " + " ".join(command) + "\n").encode())
+        log.flush()
+        try:
+            process = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     env=env, timeout=module.params["timeout"], check=False)
+            rc = process.returncode
+        except subprocess.TimeoutExpired:
+            log.write(f"\ngpufleet: build stopped after {module.params['timeout']} s\n".encode())
+            rc = -1
+    return rc, round(time.monotonic() - started, 1)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            pyenv_root=dict(type="path", required=True),
+            version=dict(type="str", required=True),
+            definition=dict(type="str"),
+            cache_path=dict(type="path", required=True),
+            source_is_tgz=dict(type="bool", default=False),
+            enable_shared=dict(type="bool", default=True),
+            optimizations=dict(type="bool", default=False),
+            lto=dict(type="bool", default=False),
+            configure_opts=dict(type="list", elements="str", default=[]),
+            make_jobs=dict(type="int", default=0),
+            log_dir=dict(type="path", default="/var/log/gpufleet"),
+            build_tmpdir=dict(type="path", default="/var/tmp"),
+            log_lines=dict(type="int", default=40),
+            timeout=dict(type="int", default=7200),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        run(module)
+    except PythonBuildError as error:
+        module.fail_json(msg=str(error))
+
+
+def run(module: AnsibleModule) -> None:
+    p = module.params
+    python = interpreter_path(os.path.join(p["pyenv_root"], "versions", p["version"]), p["version"])
+    prefix = os.path.join(p["pyenv_root"], "versions", p["version"])
+    wanted = configure_options(p["enable_shared"], p["optimizations"], p["lto"], p["configure_opts"])
+    jobs = make_jobs(p["make_jobs"], len(os.sched_getaffinity(0)))
+    log_path = os.path.join(p["log_dir"], f"python-build-{p['version']}.log")
+    result = dict(changed=False, built=False, python=python, prefix=prefix, configure_opts=wanted,
+                  make_jobs=jobs, log=log_path)
+
+    before = probe(module, python)
+    reasons = mismatches(before, p["version"], wanted)
+    result["reasons"] = reasons
+    if before is not None:
+        result["probe"] = before
+    if not reasons:
+        module.exit_json(**result)
+
+    result.update(changed=True, built=True, diff=dict(
+        before=f"{p['version']}: {'; '.join(reasons)}\n",
+        after=f"{p['version']}: configure {' '.join(wanted)}\n",
+    ))
+    if module.check_mode:
+        module.exit_json(**result)
+
+    definition = p["definition"] or p["version"]
+    env = build_environment(dict(os.environ), p["pyenv_root"], p["cache_path"], wanted, jobs,
+                            p["source_is_tgz"], p["build_tmpdir"])
+    # A half-built prefix from an earlier failure, or a wrong build, is replaced as a whole.
+    command = python_build_command(p["pyenv_root"], definition, prefix)
+    if os.path.exists(prefix):
+        module.run_command(["rm", "-rf", "--", prefix], check_rc=True)
+    rc, seconds = run_build(module, command, env, log_path)
+    result["build_seconds"] = seconds
+    if rc != 0:
+        module.fail_json(
+            msg=f"building CPython {p['version']} failed (python-build exit {rc}); last {p['log_lines']} lines of "
+                f"{log_path}:\n{log_tail(log_path, p['log_lines'])}",
+            **result,
+        )
+    after = probe(module, python)
+    result["probe"] = after
+    still_wrong = mismatches(after, p["version"], wanted)
+    if still_wrong:
+        module.fail_json(msg=f"CPython {p['version']} was built but is not the requested build: "
+                             f"{'; '.join(still_wrong)} (build log {log_path})", **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
