@@ -11,13 +11,8 @@ from dataclasses import dataclass
 from gpufleet.errors import GpufleetError
 
 # Tried in order; rarely used corners of the private ranges, so a clash with a real network is unlikely.
-CANDIDATE_POOLS = (
-    "10.213.7.0/24",
-    "10.213.8.0/24",
-    "10.213.9.0/24",
-    "172.29.213.0/24",
-    "192.168.213.0/24",
-)
+# Several labs may run side by side (each engineer's or test's own prefix): offer many /24s.
+CANDIDATE_POOLS = tuple(f"10.213.{n}.0/24" for n in range(7, 256)) + ("172.29.213.0/24", "192.168.213.0/24")
 # A /24 holds 64 /30 subnets; index 0 is left unused so host N owns the N-th /30.
 MAX_INDEX = 63
 
@@ -73,8 +68,8 @@ def choose_pool(used: Iterable[ipaddress.IPv4Network], preferred: str | None = N
         if not any(pool.overlaps(net) for net in used_list):
             return candidate
     raise GpufleetError(
-        "every candidate lab address range overlaps a network on this machine "
-        f"({', '.join(CANDIDATE_POOLS)}); free one of them or run `gpufleet lab down` for other labs"
+        "every candidate lab address range (10.213.7-255.0/24, 172.29.213.0/24, 192.168.213.0/24) overlaps "
+        "a network on this machine; free one of them or run `gpufleet lab down` for other labs"
     )
 
 

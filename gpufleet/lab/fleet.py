@@ -8,8 +8,8 @@ from pathlib import Path
 
 from gpufleet.errors import GpufleetError
 from gpufleet.lab import host as hostlib
-from gpufleet.lab import inventory, keys, locks, mirror, network, preflight, rootfs, state
-from gpufleet.lab.addressing import choose_pool, host_address, networks_in_use
+from gpufleet.lab import inventory, keys, locks, mirror, network, pools, preflight, rootfs, state
+from gpufleet.lab.addressing import host_address
 from gpufleet.lab.config import MIRROR_PORT, LabConfig
 from gpufleet.lab.host import Host
 from gpufleet.lab.procs import is_alive, pids_with_argument, read_pid_file, stop_processes
@@ -108,11 +108,6 @@ def start_host(config: LabConfig, host: Host, image_hash: str, image_path: Path)
     hostlib.start_supervisor(host)
 
 
-def select_pool(config: LabConfig, saved: dict) -> str:
-    used = networks_in_use(ignore_interfaces=our_veths(config))
-    return choose_pool(used, preferred=saved.get("pool"))
-
-
 def prepare_keys(config: LabConfig, hosts: list[Host]) -> None:
     keys.generate_key(config.private_key, f"gpufleet-lab-{config.prefix}")
     entries = []
@@ -132,16 +127,17 @@ def up(config: LabConfig, count: int, timeout: float) -> UpResult:
     result = UpResult()
     with state.locked(config.lock_file):
         saved = state.load(config.state_file)
-        pool = select_pool(config, saved)
+        pool = pools.claim_pool(config, preferred=saved.get("pool"), ignore_interfaces=our_veths(config))
         if saved.get("pool") and saved["pool"] != pool:
             result.notes.append(f"address range {saved['pool']} is now in use on this machine; moved to {pool}")
+            for index in sorted(existing_indexes(config)):
+                remove_host(config, config.host_name(index), index)
         if not rootfs.cached_tar(config.rootfs_cache_dir).is_file():
             preflight.require_tools(preflight.BUILD_TOOLS)
         image_path, built = rootfs.ensure_rootfs(config.rootfs_cache_dir)
         if built:
             result.notes.append(f"built the root file system image {image_path.name}")
         image_hash = rootfs.recipe_hash()
-        state.save(config.state_file, {"pool": pool, "prefix": config.prefix})
 
         for index in sorted(i for i in existing_indexes(config) if i > count):
             remove_host(config, config.host_name(index), index)
@@ -220,6 +216,7 @@ def down(config: LabConfig) -> list[str]:
     preflight.require_tools({"ip": "iproute2"})
     done = []
     with state.locked(config.lock_file):
+        pools.check_owner(config)
         for index in sorted(existing_indexes(config)):
             name = config.host_name(index)
             steps = remove_host(config, name, index)
@@ -229,6 +226,7 @@ def down(config: LabConfig) -> list[str]:
         if leftovers:
             raise GpufleetError(f"lab down left {', '.join(leftovers)}; run `gpufleet lab down` again")
         config.state_file.unlink(missing_ok=True)
+        pools.release(config)
         if config.inventory_path.is_file():
             config.inventory_path.unlink()
             done.append(f"removed {config.inventory_path.name}")
