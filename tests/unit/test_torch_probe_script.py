@@ -31,57 +31,59 @@ def attention(q, k, v, causal=False):
 """
 
 
+# Every check in one process of the venv's interpreter: importing torch is the slow part.
+CHECKS = SDPA_AS_FLASH_ATTN + """
+wrong = lambda q, k, v, causal=False: attention(q, k, v, causal=True)
+q, k, v = (torch.randn(2, 16, 3, 8, dtype=torch.float64) for _ in range(3))
+print(json.dumps({
+    "matmul": probe.matmul_check(torch, "cpu"),
+    "attention": {dtype: probe.attention_check(torch, attention, "cpu", dtype)
+                  for dtype in ("float16", "bfloat16", "float32")},
+    "wrong_attention": probe.attention_check(torch, wrong, "cpu", "float16"),
+    "reference_vs_sdpa": (probe.reference_attention(torch, q, k, v) - attention(q, k, v)).abs().max().item(),
+    "torch_section": probe.torch_section({}),
+}))
+"""
+
+
 @pytest.fixture(scope="module")
-def torch_python() -> str:
-    return str(cached_venv("torch-cpu", TORCH_CPU_REQUIREMENTS) / "bin" / "python")
-
-
-def run_with_torch(python: str, code: str) -> dict:
-    """Run code with the venv's interpreter and the probe importable; it prints one JSON value last."""
-    prelude = "import json, torch, torch_probe_script as probe\n"
-    completed = subprocess.run([python, "-c", prelude + code], capture_output=True, text=True,
-                               env=dict(os.environ, PYTHONPATH=str(MODULE_UTILS)), check=True)
+def checks() -> dict:
+    """The probe's check functions run with the real CPU torch of the cached venv."""
+    python = str(cached_venv("torch-cpu", TORCH_CPU_REQUIREMENTS) / "bin" / "python")
+    completed = subprocess.run([python, "-c", "import json, torch, torch_probe_script as probe\n" + CHECKS],
+                               capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(MODULE_UTILS)),
+                               check=True)
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def test_matmul_check_on_the_cpu_device(torch_python: str) -> None:
-    result = run_with_torch(torch_python, "print(json.dumps(probe.matmul_check(torch, 'cpu')))")
+def test_matmul_check_on_the_cpu_device(checks: dict) -> None:
+    result = checks["matmul"]
     assert result["device"] == "cpu"
     assert result["ok"] is True
     assert 0 < result["max_abs_error"] < 1e-3 < result["tolerance"]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_attention_check_passes_a_correct_kernel(torch_python: str, dtype: str) -> None:
-    code = SDPA_AS_FLASH_ATTN + "print(json.dumps(probe.attention_check(torch, attention, 'cpu', %r)))" % dtype
-    result = run_with_torch(torch_python, code)
+def test_attention_check_passes_a_correct_kernel(checks: dict, dtype: str) -> None:
+    result = checks["attention"][dtype]
     assert result["ok"] is True, result
     assert result["shape"] == [2, 128, 4, 64] and result["dtype"] == dtype
     assert result["max_abs_error"] < result["tolerance"] / 5
 
 
-def test_attention_check_fails_a_kernel_that_computes_something_else(torch_python: str) -> None:
+def test_attention_check_fails_a_kernel_that_computes_something_else(checks: dict) -> None:
     # Causal attention where non-causal was asked for: a real kernel giving the wrong answer.
-    code = SDPA_AS_FLASH_ATTN + (
-        "wrong = lambda q, k, v, causal=False: attention(q, k, v, causal=True)\n"
-        "print(json.dumps(probe.attention_check(torch, wrong, 'cpu', 'float16')))"
-    )
-    result = run_with_torch(torch_python, code)
+    result = checks["wrong_attention"]
     assert result["ok"] is False
     assert result["max_abs_error"] > 1.0
 
 
-def test_reference_attention_equals_torch_sdpa(torch_python: str) -> None:
-    code = SDPA_AS_FLASH_ATTN + (
-        "q, k, v = (torch.randn(2, 16, 3, 8, dtype=torch.float64) for _ in range(3))\n"
-        "difference = (probe.reference_attention(torch, q, k, v) - attention(q, k, v)).abs().max().item()\n"
-        "print(json.dumps(difference))"
-    )
-    assert run_with_torch(torch_python, code) < 1e-12
+def test_reference_attention_equals_torch_sdpa(checks: dict) -> None:
+    assert checks["reference_vs_sdpa"] < 1e-12
 
 
-def test_torch_section_of_the_cpu_build(torch_python: str) -> None:
-    result = run_with_torch(torch_python, "print(json.dumps(probe.torch_section({})))")
+def test_torch_section_of_the_cpu_build(checks: dict) -> None:
+    result = checks["torch_section"]
     assert result["version"] == "2.13.0+cpu"
     assert result["nccl"] is None and result["nccl_note"] == "this torch build has no NCCL"
     assert result["cuda_error"]["type"] == "AssertionError"

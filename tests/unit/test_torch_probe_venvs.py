@@ -65,7 +65,8 @@ def cached_venv(name: str, requirements: tuple[str, ...], root: Path | None = No
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (path / COMPLETE_MARKER).exists():
             subprocess.run(["rm", "-rf", str(path)], check=True)
-            subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+            pip = [] if requirements else ["--without-pip"]
+            subprocess.run([sys.executable, "-m", "venv", *pip, str(path)], check=True)
             if requirements:
                 subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", *requirements],
                                check=True)

@@ -41,6 +41,16 @@ def torch_result(torch_venv: Path) -> dict:
     return result
 
 
+@pytest.fixture(scope="session")
+def checks_result(torch_venv: Path) -> dict:
+    """One run through python= with every optional check on (each torch run costs seconds)."""
+    args = {"python": str(torch_venv / "bin" / "python"), "gpu_compute": True, "flash_attn_kernel": True,
+            "gpu_capabilities": ["9.0"]}
+    returncode, result, output = run_module(args)
+    assert returncode == 0, output
+    return result
+
+
 @pytest.fixture()
 def empty_venv(tmp_path: Path) -> Path:
     return bare_venv(tmp_path / "venv")
@@ -100,42 +110,43 @@ def test_package_list_is_sorted_normalized_and_hashed(torch_result: dict) -> Non
     assert torch_result["packages_sha256"] == expected
 
 
-def test_second_run_in_check_mode_gives_the_same_fingerprint(torch_result: dict, torch_venv: Path) -> None:
-    returncode, again, output = run_module({"venv": str(torch_venv)}, check_mode=True)
+def test_check_mode_run_meets_expect_with_the_same_fingerprint(torch_result: dict, torch_venv: Path) -> None:
+    python_minor = ".".join(torch_result["python"]["version"].split(".")[:2])
+    expect = {"torch_version": "2.13.0", "torch_variant": "cpu", "cuda_available": False,
+              "python_version": python_minor, "packages_sha256": torch_result["packages_sha256"]}
+    returncode, again, output = run_module({"venv": str(torch_venv), "expect": expect}, check_mode=True)
     assert returncode == 0, output
     assert again["changed"] is False
+    assert again["expect_mismatches"] == []
     assert again["packages"] == torch_result["packages"]
     assert again["packages_sha256"] == torch_result["packages_sha256"]
 
 
-def test_python_argument_probes_the_same_interpreter(torch_result: dict, torch_venv: Path) -> None:
-    returncode, result, output = run_module({"python": str(torch_venv / "bin" / "python")})
-    assert returncode == 0, output
-    assert result["torch"]["version"] == "2.13.0+cpu"
-    assert result["packages_sha256"] == torch_result["packages_sha256"]
+def test_python_argument_probes_the_same_interpreter(checks_result: dict, torch_result: dict) -> None:
+    assert checks_result["torch"]["version"] == "2.13.0+cpu"
+    assert checks_result["packages_sha256"] == torch_result["packages_sha256"]
 
 
-def test_gpu_checks_without_cuda_say_why_they_did_not_run(torch_venv: Path) -> None:
-    returncode, result, output = run_module({"venv": str(torch_venv), "gpu_compute": True, "flash_attn_kernel": True})
-    assert returncode == 0, output
-    assert result["gpu_compute"] == {"ran": False, "reason": "torch.cuda.is_available() is False", "requested": True}
-    assert result["flash_attn"]["installed"] is False
-    assert result["flash_attn"]["kernel"] == {"requested": True, "ran": False, "reason": "flash_attn does not import"}
-    flash_attn = _only(result, "flash_attn_unavailable")
+def test_gpu_checks_without_cuda_say_why_they_did_not_run(checks_result: dict) -> None:
+    assert checks_result["gpu_compute"] == {"ran": False, "reason": "torch.cuda.is_available() is False",
+                                            "requested": True}
+    assert checks_result["flash_attn"]["installed"] is False
+    assert checks_result["flash_attn"]["kernel"] == {"requested": True, "ran": False,
+                                                     "reason": "flash_attn does not import"}
+    flash_attn = _only(checks_result, "flash_attn_unavailable")
     assert flash_attn["fix"] == "rebuild flash-attn"
     assert "flash-attn is not installed" in flash_attn["evidence"]
 
 
-def test_arch_list_is_checked_against_given_capabilities(torch_venv: Path) -> None:
-    returncode, result, output = run_module({"venv": str(torch_venv), "gpu_capabilities": ["9.0"]})
-    assert returncode == 0, output
-    torch = result["torch"]
+def test_arch_list_is_checked_against_given_capabilities(checks_result: dict) -> None:
+    torch = checks_result["torch"]
     assert torch["arch_covers_gpus"] is False
     assert torch["arch_coverage"][0]["capability"] == "9.0"
     assert torch["arch_coverage"][0]["covered"] is False
-    no_kernel = _only(result, "no_kernel_image")
+    no_kernel = _only(checks_result, "no_kernel_image")
     assert no_kernel["fix"] == "matching arch list / newer wheel"
     assert "compute capability 9.0" in no_kernel["evidence"]
+    assert diagnosis_ids(checks_result) == ["cpu_wheel", "no_kernel_image", "flash_attn_unavailable"]
 
 
 def test_expect_lists_every_mismatch(torch_venv: Path) -> None:
@@ -159,15 +170,6 @@ def test_expect_lists_every_mismatch(torch_venv: Path) -> None:
         assert key in result["msg"]
     # The facts come back with the failure, for the caller to report.
     assert result["torch"]["version"] == "2.13.0+cpu" and "cpu_wheel" in diagnosis_ids(result)
-
-
-def test_expect_met_passes(torch_result: dict, torch_venv: Path) -> None:
-    python_minor = ".".join(torch_result["python"]["version"].split(".")[:2])
-    expect = {"torch_version": "2.13.0", "torch_variant": "cpu", "cuda_available": False,
-              "python_version": python_minor, "packages_sha256": torch_result["packages_sha256"]}
-    returncode, result, output = run_module({"venv": str(torch_venv), "expect": expect})
-    assert returncode == 0, output
-    assert result["expect_mismatches"] == []
 
 
 def test_venv_without_torch_is_reported_not_installed(empty_venv: Path) -> None:
