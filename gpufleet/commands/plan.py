@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,17 @@ def run(args: argparse.Namespace) -> int:
     kb = compat.load_knowledge_base(args.kb_dir)
     report = compat.stack_chain().validate_stack(stack, kb)
     document = plan_document(args.stack, kb, report)
-    print(json.dumps(document, indent=2, sort_keys=True) if args.json else render(document))
+    emit(json.dumps(document, indent=2, sort_keys=True) if args.json else render(document))
     return 0 if report["compatible"] else INCOMPATIBLE_EXIT_CODE
+
+
+def emit(text: str) -> None:
+    """Print the report; a reader that stops early (`| head`) is not an error of the plan."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def plan_document(stack_file: Path, kb: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
