@@ -318,7 +318,8 @@ mismatches:
     message:
       description: The mismatch in one sentence.
       type: str
-      sample: "GPU 0 (GPU-1757f6d0-d02c-d95a-c569-55d572b0340a): 12 uncorrectable volatile ECC errors, expected at most 0"
+      sample: "GPU 0 (GPU-1757f6d0-d02c-d95a-c569-55d572b0340a): 12 uncorrectable volatile ECC errors,
+        expected at most 0"
 error_kind:
   description: On a driver-level failure, which one.
   returned: failure

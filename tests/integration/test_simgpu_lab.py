@@ -48,11 +48,13 @@ PLAYBOOK = textwrap.dedent(f"""\
           register: clean
           check_mode: true
         - name: Query the nvidia-smi stand-in
-          ansible.builtin.command: {PREFIX}/bin/nvidia-smi --query-gpu=name,uuid,memory.total --format=csv,noheader,nounits
+          ansible.builtin.command: >-
+            {PREFIX}/bin/nvidia-smi --query-gpu=name,uuid,memory.total --format=csv,noheader,nounits
           register: smi
           changed_when: false
         - name: Switch 12 uncorrectable ECC errors on GPU 0
-          ansible.builtin.command: {PREFIX}/sbin/gpufleet-simgpuctl --description {PREFIX}/etc/gpus.json ecc-errors --gpu 0 12
+          ansible.builtin.command: >-
+            {PREFIX}/sbin/gpufleet-simgpuctl --description {PREFIX}/etc/gpus.json ecc-errors --gpu 0 12
           changed_when: true
         - name: Check expect against the new state
           nvidia_gpu_info:

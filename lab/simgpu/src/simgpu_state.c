@@ -262,11 +262,12 @@ static void read_ecc(loader *l, const json_value *gpu, struct nvmlDevice_st *dev
     read_flag(l, ecc, "enabled", &device->ecc_enabled, context);
     device->ecc_pending = device->ecc_enabled;
     read_flag(l, ecc, "pending", &device->ecc_pending, context);
-    unsigned long long(*counts)[NVML_ECC_COUNTER_TYPE_COUNT] = device->ecc_counts;
-    read_count(l, ecc, "corrected_volatile", 1e15, &counts[NVML_MEMORY_ERROR_TYPE_CORRECTED][NVML_VOLATILE_ECC], context);
-    read_count(l, ecc, "corrected_aggregate", 1e15, &counts[NVML_MEMORY_ERROR_TYPE_CORRECTED][NVML_AGGREGATE_ECC], context);
-    read_count(l, ecc, "uncorrected_volatile", 1e15, &counts[NVML_MEMORY_ERROR_TYPE_UNCORRECTED][NVML_VOLATILE_ECC], context);
-    read_count(l, ecc, "uncorrected_aggregate", 1e15, &counts[NVML_MEMORY_ERROR_TYPE_UNCORRECTED][NVML_AGGREGATE_ECC], context);
+    unsigned long long *corrected = device->ecc_counts[NVML_MEMORY_ERROR_TYPE_CORRECTED];
+    unsigned long long *uncorrected = device->ecc_counts[NVML_MEMORY_ERROR_TYPE_UNCORRECTED];
+    read_count(l, ecc, "corrected_volatile", 1e15, &corrected[NVML_VOLATILE_ECC], context);
+    read_count(l, ecc, "corrected_aggregate", 1e15, &corrected[NVML_AGGREGATE_ECC], context);
+    read_count(l, ecc, "uncorrected_volatile", 1e15, &uncorrected[NVML_VOLATILE_ECC], context);
+    read_count(l, ecc, "uncorrected_aggregate", 1e15, &uncorrected[NVML_AGGREGATE_ECC], context);
 }
 
 static void read_mig(loader *l, const json_value *gpu, struct nvmlDevice_st *device, const char *where) {
@@ -313,7 +314,8 @@ static void read_retired_pages(loader *l, const json_value *gpu, struct nvmlDevi
     char context[64];
     snprintf(context, sizeof(context), "%s.retired_pages", where);
     check_keys(l, pages, keys, context);
-    read_page_list(l, pages, "single_bit_ecc", device, NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, context);
+    read_page_list(l, pages, "single_bit_ecc", device, NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                   context);
     read_page_list(l, pages, "double_bit_ecc", device, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, context);
     read_flag(l, pages, "pending", &device->retired_pages_pending, context);
 }
@@ -391,8 +393,8 @@ static void read_utilization(loader *l, const json_value *gpu, struct nvmlDevice
 static void read_gpu(loader *l, const json_value *gpu, unsigned int index, struct nvmlDevice_st *device) {
     static const char *const keys[] = {
         "comment", "name", "uuid", "pci_bus_id", "pci_device_id", "pci_subsystem_id", "compute_capability",
-        "memory_total_bytes", "memory_used_bytes", "memory_reserved_bytes", "persistence_mode", "ecc", "mig", "power_limit_w",
-        "power_draw_w", "temperature_c", "utilization_pct", "performance_state", "compute_mode",
+        "memory_total_bytes", "memory_used_bytes", "memory_reserved_bytes", "persistence_mode", "ecc", "mig",
+        "power_limit_w", "power_draw_w", "temperature_c", "utilization_pct", "performance_state", "compute_mode",
         "fan_speed_pct", "display_active", "retired_pages", "row_remapping", "not_supported", "lost", NULL};
     char where[32];
     snprintf(where, sizeof(where), "gpus[%u]", index);
