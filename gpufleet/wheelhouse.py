@@ -102,6 +102,9 @@ def spec_from_mapping(data: Any, source: str) -> StackSpec:
     if missing:
         raise GpufleetError(f"{source}: the stack lacks {', '.join(missing)}; "
                             "declare id, python (e.g. '3.11'), platform (e.g. manylinux_2_36_x86_64), requirements")
+    if not isinstance(data["python"], str):
+        # YAML reads 3.10 as the float 3.1: only a quoted version is unambiguous.
+        raise GpufleetError(f"{source}: python must be a quoted MAJOR.MINOR string like '3.11', got {data['python']!r}")
     unknown = sorted(set(data) - set(StackSpec.__dataclass_fields__))
     if unknown:
         raise GpufleetError(f"{source}: unknown stack keys {', '.join(unknown)}")

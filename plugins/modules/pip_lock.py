@@ -248,7 +248,9 @@ def main() -> None:
         module.fail_json(msg=f"the lock cannot be used: {error}")
 
     record = os.path.join(venv, RECORD_NAME)
-    record_stale = installed is None or read_record(record) != p["lock"]
+    # lookup('file') drops the final newline; the record always has one.
+    lock_text = p["lock"].rstrip("\n") + "\n"
+    record_stale = installed is None or read_record(record) != lock_text
     result = dict(
         changed=installed is None or not diff.empty or record_stale,
         created=installed is None,
@@ -263,7 +265,7 @@ def main() -> None:
 
     if installed is None:
         create_venv(module, p["python"], venv)
-    write_record(record + ".pending", p["lock"])
+    write_record(record + ".pending", lock_text)
     if diff.needs_install or installed is None:
         install(module, venv, record + ".pending")
     if diff.removed:
