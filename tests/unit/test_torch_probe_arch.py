@@ -16,9 +16,9 @@ sys.path.insert(0, str(MODULE_UTILS))
 from cuda_arch import ArchError, arch_coverage, gpu_coverage, parse_arch, parse_capability, runs_on  # noqa: E402
 
 H200 = (9, 0)
-# TORCH_CUDA_ARCH_LIST of PyTorch's CUDA 13.0 x86_64 release builds (torch/cuda/__init__.py
-# PYTORCH_RELEASES_CODE_CC["13.0"]), with the PTX of the newest arch as the builds ship it.
-CU130_ARCH_LIST = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
+# torch.cuda.get_arch_list() of torch 2.11.0+cu130 on the real H200 (tests/unit/data/torch_stack_info_h200.json);
+# the same set as PYTORCH_RELEASES_CODE_CC["13.0"]["x86_64"] in torch/cuda/__init__.py. No PTX in it.
+CU130_ARCH_LIST = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 DEVICES = [(5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9),
            (9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1)]
 
@@ -99,6 +99,12 @@ def test_arch_coverage_of_several_gpus() -> None:
     assert [item["covered"] for item in per_gpu] == [True, False]
     assert per_gpu[0]["name"] == "NVIDIA H200" and per_gpu[1]["source"] == "gpu_capabilities"
     assert per_gpu[0]["unparsed"] == ["gfx90a"]
+
+
+def test_cu130_wheel_has_no_code_for_a_newer_major() -> None:
+    # Without PTX in the list, a GPU of a major the wheel was not built for gets nothing.
+    assert gpu_coverage(CU130_ARCH_LIST, (11, 0))["covered"] is False
+    assert gpu_coverage(CU130_ARCH_LIST, (12, 1))["sass"] == ["sm_120"]
 
 
 def test_no_gpu_means_no_answer() -> None:
