@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from gpufleet.errors import GpufleetError
 from gpufleet.lab import host as hostlib
@@ -17,6 +20,9 @@ from gpufleet.lab.procs import is_alive, pids_with_argument, read_pid_file, stop
 # nspawn powers the container off on SIGTERM; the supervisor allows 45 s before killing it.
 HOST_STOP_SECONDS = 60
 LOCK_RELEASE_SECONDS = 15
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -100,12 +106,27 @@ def remove_host(config: LabConfig, name: str, index: int) -> list[str]:
     return done
 
 
+def remove_hosts(config: LabConfig, indexes: list[int]) -> list[str]:
+    """Removes these hosts concurrently; one line per host saying what was removed."""
+    def remove(index: int) -> str:
+        name = config.host_name(index)
+        return f"{name}: {', '.join(remove_host(config, name, index)) or 'nothing left to remove'}"
+
+    return in_parallel(remove, indexes)
+
+
 def start_host(config: LabConfig, host: Host, image_hash: str, image_path: Path) -> None:
     if not hostlib.rootfs_ready(host, image_hash):
         hostlib.create_rootfs(host, image_path, image_hash)
     hostlib.configure_rootfs(host, config, mirror.host_mirror_url(host.address))
     network.create_host_network(host.name, config.veth_name(host.index), host.address)
     hostlib.start_supervisor(host)
+
+
+def mirror_addresses(pool: str) -> list[str]:
+    """The gateway of every host the lab could have: resizing the lab then never restarts the mirror
+    (it binds with IP_FREEBIND, so gateways of hosts not created yet are fine)."""
+    return [str(host_address(pool, index).gateway) for index in range(1, preflight.HARD_CAP + 1)]
 
 
 def prepare_keys(config: LabConfig, hosts: list[Host]) -> None:
@@ -116,6 +137,25 @@ def prepare_keys(config: LabConfig, hosts: list[Host]) -> None:
         keys.generate_key(host_key, f"root@{host.name}")
         entries.append(keys.known_hosts_line([str(host.address.host), host.name], keys.public_key(host_key)))
     keys.write_known_hosts(config.known_hosts, entries)
+
+
+def bring_up(config: LabConfig, host: Host, image_hash: str, image_path: Path) -> tuple[str, str]:
+    """Leaves a healthy host alone, repairs a broken one, creates a missing one: returns (what, why)."""
+    existed = host.host_dir.exists() or network.netns_exists(host.name)
+    problems = host_problems(config, host) if existed else []
+    if existed and not problems:
+        return "unchanged", ""
+    cleaned = stop_host(config, host.name, host.index) if existed else []
+    start_host(config, host, image_hash, image_path)
+    return ("repaired", "; ".join(problems + cleaned)) if existed else ("created", "")
+
+
+def in_parallel(function: Callable[[T], R], items: list[T]) -> list[R]:
+    """Runs `function` on every item at once (hosts boot, stop and unpack concurrently); keeps order."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=len(items)) as executor:
+        return list(executor.map(function, items))
 
 
 def up(config: LabConfig, count: int, timeout: float) -> UpResult:
@@ -130,8 +170,7 @@ def up(config: LabConfig, count: int, timeout: float) -> UpResult:
         pool = pools.claim_pool(config, preferred=saved.get("pool"), ignore_interfaces=our_veths(config))
         if saved.get("pool") and saved["pool"] != pool:
             result.notes.append(f"address range {saved['pool']} is now in use on this machine; moved to {pool}")
-            for index in sorted(existing_indexes(config)):
-                remove_host(config, config.host_name(index), index)
+            remove_hosts(config, sorted(existing_indexes(config)))
         if not rootfs.cached_tar(config.rootfs_cache_dir).is_file():
             preflight.require_tools(preflight.BUILD_TOOLS)
         image_path, built = rootfs.ensure_rootfs(config.rootfs_cache_dir)
@@ -139,36 +178,33 @@ def up(config: LabConfig, count: int, timeout: float) -> UpResult:
             result.notes.append(f"built the root file system image {image_path.name}")
         image_hash = rootfs.recipe_hash()
 
-        for index in sorted(i for i in existing_indexes(config) if i > count):
-            remove_host(config, config.host_name(index), index)
-            result.removed.append(config.host_name(index))
+        extra = sorted(i for i in existing_indexes(config) if i > count)
+        remove_hosts(config, extra)
+        result.removed += [config.host_name(index) for index in extra]
 
         hosts = [make_host(config, pool, index) for index in range(1, count + 1)]
         prepare_keys(config, hosts)
+        outcomes = in_parallel(lambda host: bring_up(config, host, image_hash, image_path), hosts)
         started = []
-        for host in hosts:
-            existed = host.host_dir.exists() or network.netns_exists(host.name)
-            problems = host_problems(config, host) if existed else ["new"]
-            if not problems:
+        for host, (what, why) in zip(hosts, outcomes):
+            if what == "unchanged":
                 result.unchanged.append(host.name)
                 continue
-            if existed:
-                cleaned = stop_host(config, host.name, host.index)
-                result.repaired[host.name] = "; ".join(problems + cleaned)
+            started.append(host)
+            if what == "repaired":
+                result.repaired[host.name] = why
             else:
                 result.created.append(host.name)
-            start_host(config, host, image_hash, image_path)
-            started.append(host)
 
         # After the hosts' links exist: the mirror's health check goes to the first gateway address.
-        mirror_action = mirror.ensure_running(config, [str(h.address.gateway) for h in hosts], MIRROR_PORT)
+        mirror_action = mirror.ensure_running(config, mirror_addresses(pool), MIRROR_PORT)
         if mirror_action != "running":
             result.notes.append(f"mirror {mirror_action}")
 
         for host in started:
             probe = hostlib.wait_ready(config, host, timeout)
             if probe.state == "degraded":
-                result.notes.append(f"{host.name} is degraded: failed units {hostlib.failed_units(config, host)}")
+                result.notes.append(f"{host.name} is degraded; failed units:\n{hostlib.failed_units(config, host)}")
 
         rows = [(h.name, str(h.address.host), mirror.host_mirror_url(h.address)) for h in hosts]
         inventory.write(config.inventory_path, inventory.render(config, rows))
@@ -217,10 +253,7 @@ def down(config: LabConfig) -> list[str]:
     done = []
     with state.locked(config.lock_file):
         pools.check_owner(config)
-        for index in sorted(existing_indexes(config)):
-            name = config.host_name(index)
-            steps = remove_host(config, name, index)
-            done.append(f"{name}: {', '.join(steps) or 'nothing left to remove'}")
+        done += remove_hosts(config, sorted(existing_indexes(config)))
         done += mirror.stop(config)
         leftovers = verify_gone(config)
         if leftovers:

@@ -170,9 +170,14 @@ def probe(config: LabConfig, host: Host, timeout: float = 15) -> Probe:
 
 
 def failed_units(config: LabConfig, host: Host) -> str:
-    command = ssh_command(config, str(host.address.host), "systemctl --failed --plain --no-legend")
+    """The failed units of a degraded host with the last journal lines of each: the reason, in one text."""
+    script = (
+        "for unit in $(systemctl --failed --plain --no-legend | cut -d' ' -f1); do "
+        "echo \"$unit:\"; journalctl -b -u \"$unit\" --no-pager -o cat | tail -n 4; done"
+    )
+    command = ssh_command(config, str(host.address.host), script)
     result = subprocess.run(command, capture_output=True, text=True, timeout=15, check=False)
-    return " ".join(line.split()[0] for line in result.stdout.splitlines() if line.strip()) or "unknown"
+    return result.stdout.strip() or "unknown"
 
 
 def console_tail(host: Host, lines: int = 25) -> str:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
 from gpufleet.lab.addressing import HostAddress
 
 NETNS_DIR = Path("/run/netns")
+_NETNS_ADD_LOCK = threading.Lock()
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -57,7 +59,9 @@ def host_network_ok(name: str, veth: str, address: HostAddress) -> bool:
 
 def create_host_network(name: str, veth: str, address: HostAddress) -> None:
     """Namespace `name` with eth0 = host address, default route via the controller's end `veth`."""
-    _ip("netns", "add", name)
+    # `ip netns add` sets up the /run/netns mount on first use; concurrent first uses can race.
+    with _NETNS_ADD_LOCK:
+        _ip("netns", "add", name)
     _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name)
     _ip("addr", "add", f"{address.gateway}/{address.prefixlen}", "dev", veth)
     _ip("link", "set", veth, "up")
