@@ -197,9 +197,25 @@ def public_version(version: str | None) -> str | None:
     return version.split("+", 1)[0] if version else version
 
 
+# Keys every report has, so that callers can template them without defaults; null/empty when unknown.
+TORCH_DEFAULTS = {
+    "installed": False, "import_ok": False, "version": None, "cuda": None, "hip": None, "cudnn": None,
+    "nccl": None, "cuda_available": False, "device_count": 0, "devices": [], "arch_list": [],
+    "arch_covers_gpus": None, "arch_coverage": [],
+}
+VLLM_DEFAULTS = {"installed": False, "distribution": None, "version": None, "import_ok": None, "extension_ok": None}
+FLASH_ATTN_DEFAULTS = {"installed": False, "version": None, "import_ok": None, "kernel": {"requested": False, "ran": False}}
+
+
+def _with_defaults(data: dict | None, defaults: dict) -> dict:
+    merged = dict(defaults)
+    merged.update(data or {})
+    return merged
+
+
 def _torch_report(data: dict | None) -> dict:
-    torch = dict(data or {"installed": False})
-    torch["variant"], torch["variant_source"] = torch_variant(torch.get("version"), torch.get("cuda"), torch.get("hip"))
+    torch = _with_defaults(data, TORCH_DEFAULTS)
+    torch["variant"], torch["variant_source"] = torch_variant(torch["version"], torch["cuda"], torch["hip"])
     return torch
 
 
@@ -212,8 +228,8 @@ def build_report(parsed: dict, interpreter: str, options: dict) -> dict:
         "python": sections.get("python") or {},
         "torch": _torch_report(sections.get("torch")),
         "gpu_compute": sections.get("gpu_compute") or {"ran": False, "reason": "not requested"},
-        "vllm": sections.get("vllm") or {},
-        "flash_attn": sections.get("flash_attn") or {},
+        "vllm": _with_defaults(sections.get("vllm"), VLLM_DEFAULTS),
+        "flash_attn": _with_defaults(sections.get("flash_attn"), FLASH_ATTN_DEFAULTS),
         "imports": sections.get("imports") or [],
         "packages": packages,
         "packages_sha256": packages_sha256(packages),

@@ -186,7 +186,7 @@ python:
       type: list
       elements: str
 torch:
-  description: torch as the venv sees it. Only C(installed), C(import_ok) and the variant keys when torch does not import.
+  description: torch as the venv sees it. Every key below is present; null or empty when torch does not import.
   returned: always
   type: dict
   contains:
@@ -274,7 +274,7 @@ gpu_compute:
       type: list
       elements: dict
 vllm:
-  description: vLLM in the venv.
+  description: vLLM in the venv. C(import_ok) and C(extension_ok) are null when vLLM is not installed.
   returned: always
   type: dict
   contains:
@@ -434,10 +434,10 @@ def probe_options(params: dict) -> dict:
 def add_arch_coverage(report: dict, given_capabilities: list[str]) -> None:
     """torch.arch_covers_gpus and torch.arch_coverage, from the arch list and every GPU known."""
     torch = report["torch"]
-    if not torch.get("import_ok"):
+    if not torch["import_ok"]:
         return
     torch["arch_covers_gpus"], torch["arch_coverage"] = arch_coverage(
-        torch.get("arch_list") or [], torch_gpus(report, given_capabilities)
+        torch["arch_list"], torch_gpus(report, given_capabilities)
     )
 
 

@@ -179,8 +179,12 @@ def test_venv_without_torch_is_reported_not_installed(empty_venv: Path) -> None:
     assert result["torch"]["installed"] is False and result["torch"]["import_ok"] is False
     assert "import_error" not in result["torch"]
     assert result["torch"]["variant"] is None
+    # Keys stay present for callers that template them.
+    assert result["torch"]["version"] is None and result["torch"]["arch_list"] == []
+    assert result["torch"]["cuda"] is None and result["torch"]["arch_covers_gpus"] is None
     assert result["gpu_compute"]["ran"] is False and result["gpu_compute"]["reason"] == "torch does not import"
-    assert result["vllm"] == {"installed": False, "distribution": None, "version": None}
+    assert result["vllm"] == {"installed": False, "distribution": None, "version": None, "import_ok": None,
+                              "extension_ok": None}
     assert result["packages"] == []
     assert result["diagnosis"] == []
 
