@@ -204,7 +204,9 @@ TORCH_DEFAULTS = {
     "arch_covers_gpus": None, "arch_coverage": [],
 }
 VLLM_DEFAULTS = {"installed": False, "distribution": None, "version": None, "import_ok": None, "extension_ok": None}
-FLASH_ATTN_DEFAULTS = {"installed": False, "version": None, "import_ok": None, "kernel": {"requested": False, "ran": False}}
+FLASH_ATTN_DEFAULTS = {
+    "installed": False, "version": None, "import_ok": None, "kernel": {"requested": False, "ran": False},
+}
 
 
 def _with_defaults(data: dict | None, defaults: dict) -> dict:

