@@ -18,6 +18,8 @@ description:
     O(index_url). The node resolves nothing (every version comes from the lock) and pip refuses any wheel
     whose sha256 is not the pinned one.
   - Creates the venv with O(python) when it does not exist.
+  - A plain C(http://) source is passed to pip as a trusted host, since every wheel is checked against its
+    pinned sha256 anyway.
   - Keeps a copy of the lock it installed as C(VENV/gpufleet.lock).
 version_added: "0.1.0"
 author: gpufleet
@@ -124,6 +126,7 @@ packages:
 
 import json
 import os
+from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.pip_lock import (
@@ -167,8 +170,15 @@ def tail(text: str, lines: int) -> str:
 
 def pip_source_args(params: dict) -> list[str]:
     if params["find_links"]:
-        return ["--no-index", "--find-links", params["find_links"]]
-    return ["--index-url", params["index_url"]]
+        args = ["--no-index", "--find-links", params["find_links"]]
+    else:
+        args = ["--index-url", params["index_url"]]
+    source = urlsplit(params["find_links"] or params["index_url"])
+    # pip ignores plain-HTTP sources unless trusted. Every wheel is checked against its pinned sha256, so a
+    # mirror on plain HTTP cannot slip a different file in; TLS adds nothing to integrity here.
+    if source.scheme == "http" and source.hostname:
+        args += ["--trusted-host", source.hostname]
+    return args
 
 
 def read_record(path: str) -> str | None:
