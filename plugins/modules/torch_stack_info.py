@@ -109,6 +109,9 @@ notes:
     and with the rest of the environment of the task (C(LD_LIBRARY_PATH), C(CUDA_VISIBLE_DEVICES)).
   - The probe needs Python 3.8 or newer in the venv; it uses only the standard library besides the packages it
     probes.
+  - "The probe runs in isolated mode (C(python -I)): C(PYTHONPATH) and the user's site-packages are ignored, so
+    the report shows what the venv itself holds."
+  - Quote versions in YAML. An unquoted C(3.10) is the number 3.1.
 seealso:
   - name: CUDA C++ Programming Guide, binary and PTX compatibility
     description: The rules behind RV(torch.arch_coverage).
