@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,9 @@ import yaml
 
 from gpufleet import PROJECT_ROOT
 
-LAB_INVENTORY = PROJECT_ROOT / "inventories" / "lab" / "hosts.yml"
+# The same variable `gpufleet lab` reads: the suite can run against a lab of its own (with
+# GPUFLEET_LAB_DIR and GPUFLEET_LAB_PREFIX set alike) while the shared one is busy.
+LAB_INVENTORY = Path(os.environ.get("GPUFLEET_LAB_INVENTORY") or PROJECT_ROOT / "inventories" / "lab" / "hosts.yml")
 BIN = Path(sys.executable).parent
 
 
