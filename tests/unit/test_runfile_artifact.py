@@ -97,6 +97,8 @@ def test_url_fetched_once_verified_and_reused(tmp_path: Path, mirror: tuple[str,
     assert (tmp_path / "result.txt").read_text() == str(node_file)
     assert not list((tmp_path / "staging").iterdir()), "the staging file is removed"
     assert len(_QuietHandler.requests) == 1
+    if fetch == "controller":
+        assert (tmp_path / "controller-cache" / digest).read_bytes() == payload, "kept by content on the controller"
 
     second = _run(tmp_path, spec, fetch)
     assert second.returncode == 0, second.stdout
