@@ -67,7 +67,7 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"{host.name:<8} {host.address:<15} {'up' if host.up else 'DOWN':<5} {host.state:<10} {age}".rstrip())
     if mirror_status.running:
         health = "healthy" if mirror_status.healthy else "NOT ANSWERING"
-        print(f"mirror   {', '.join(mirror_status.addresses)} port {mirror_status.port}: {health}")
+        print(f"mirror   port {mirror_status.port} on each host's gateway address: {health}")
     else:
         print("mirror   DOWN")
     all_up = bool(hosts) and all(host.up for host in hosts) and mirror_status.healthy
