@@ -60,6 +60,7 @@ class Runfile:
     name: str
     path: Path
     sha256: str
+    built: bool = False
 
 
 def cache_root() -> Path:
@@ -120,9 +121,11 @@ def _build(kind: str, version: str, name: str, label: str, extra: list[Path], fi
     target.parent.mkdir(parents=True, exist_ok=True)
     # makeself records its command line, paths included, in the archive: build in a fixed place (under a
     # lock) so that the same inputs give the same bytes.
+    built = False
     with (target.parent / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.is_file():
+            built = True
             work = target.parent / "build"
             shutil.rmtree(work, ignore_errors=True)
             content = work / "content"
@@ -132,7 +135,7 @@ def _build(kind: str, version: str, name: str, label: str, extra: list[Path], fi
             run_makeself(content, partial, label, startup, makeself_header(work))
             os.replace(partial, target)
             shutil.rmtree(work)
-    return Runfile(name, target, sha256_file(target))
+    return Runfile(name, target, sha256_file(target), built)
 
 
 def build_driver(version: str, cuda_driver_version: int) -> Runfile:
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps([{"name": r.name, "path": str(r.path), "sha256": r.sha256} for r in runfiles], indent=2))
     else:
         for runfile in runfiles:
-            print(f"{runfile.sha256}  {runfile.name}")
+            print(f"{runfile.sha256}  {runfile.name}{'  (built)' if runfile.built else ''}")
         if where:
             print(f"published in {where}")
     return 0
