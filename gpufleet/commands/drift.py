@@ -1,0 +1,115 @@
+"""`gpufleet drift -i INVENTORY`: compare every node's layers with the declared state, read-only.
+
+Exit codes: 0 no drift, 2 drift found, 1 the run failed (no report, or a node or layer that could not be
+compared). `--since RUN` lists what changed since a stored run; without -i it compares two stored runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from gpufleet.drift import (
+    LAYERS,
+    failure_reason,
+    find_report,
+    inventory_hosts,
+    parse_layers,
+    run_drift,
+    stored_runs,
+)
+from gpufleet.errors import GpufleetError
+from gpufleet.report import JSON_SCHEMA, FleetReport, compare_reports, load_report
+from gpufleet.report_formats import REPORT_FILES, summary_table
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "drift", help="report which nodes and layers differ from the declared state (read-only)",
+        description="Compare each node's layers (" + ", ".join(LAYERS) + ") with what the inventory declares, "
+                    "without changing anything. Exit 0: no drift, 2: drift, 1: the run failed.")
+    parser.add_argument("-i", "--inventory", type=Path, help="inventory file or directory")
+    parser.add_argument("--limit", help="only these hosts or groups (ansible --limit)")
+    parser.add_argument("--layers", help="only these layers, comma-separated, e.g. toolkit,venv")
+    parser.add_argument("--out", type=Path, help="also copy the report files (JSON, Markdown, JUnit, Prometheus) here")
+    parser.add_argument("--since", metavar="RUN",
+                        help="list what changed since a stored run (its id, last, previous, or a path)")
+    parser.add_argument("--against", metavar="RUN", default="last",
+                        help="without -i: the newer stored run --since compares with (default: last)")
+    parser.add_argument("--runs", action="store_true", help="list the stored drift runs and exit")
+    parser.add_argument("--schema", action="store_true", help="print the JSON Schema of report.json and exit")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.schema:
+        print(json.dumps(JSON_SCHEMA, indent=2))
+        return 0
+    if args.runs:
+        return list_runs()
+    if args.inventory is None:
+        if args.since:
+            return compare_stored(args.since, args.against)
+        raise GpufleetError("give -i INVENTORY to run a drift check, or --since RUN to compare stored runs")
+    return check(args)
+
+
+def check(args: argparse.Namespace) -> int:
+    layers = parse_layers(args.layers)
+    hosts = inventory_hosts(args.inventory, args.limit)
+    if not hosts:
+        raise GpufleetError(f"no node of {args.inventory} (group gpu_nodes) matches --limit {args.limit}")
+    baseline = find_report(args.since)[1] if args.since else None
+    print(f"drift: {len(hosts)} node(s), layers {', '.join(layers or LAYERS)}")
+    result = run_drift(args.inventory, limit=args.limit, layers=layers, say=print)
+    if result.report is None:
+        print(failure_reason(result))
+        raise GpufleetError(f"the drift run {result.run_id} wrote no report (ansible {result.ansible_status}, "
+                            f"rc {result.ansible_rc}); its output is in {result.run_dir}")
+    print()
+    print(summary_table(result.report))
+    print(f"run {result.run_id}: report in {result.report_dir}")
+    if args.out:
+        copy_report(result.report_dir, args.out)
+        print(f"report copied to {args.out}")
+    if baseline is not None:
+        print_changes(args.since, baseline, result.run_id, result.report)
+    return result.exit_code
+
+
+def copy_report(source: Path, destination: Path) -> None:
+    try:
+        destination.mkdir(parents=True, exist_ok=True)
+        for name in REPORT_FILES.values():
+            shutil.copy2(source / name, destination / name)
+    except OSError as error:
+        raise GpufleetError(f"cannot copy the report to {destination}: {error.strerror}") from None
+
+
+def print_changes(old_name: str, old: FleetReport, new_name: str, new: FleetReport) -> None:
+    changes = compare_reports(old, new)
+    print(f"\nchanges since {old_name} ({old.run_id}) in {new_name}: {len(changes) or 'none'}")
+    for change in changes:
+        print(f"  {change.describe()}")
+
+
+def compare_stored(since: str, against: str) -> int:
+    newer_name, newer = find_report(against)
+    older_name, older = find_report(since)
+    print_changes(older_name, older, newer_name, newer)
+    return 0
+
+
+def list_runs() -> int:
+    runs = stored_runs()
+    if not runs:
+        print("no drift run is stored yet")
+        return 0
+    for path in runs:
+        report = load_report(path / "drift")
+        summary = report.summary()
+        print(f"{path.name}  {report.started}  {summary['nodes']} nodes: {summary['ok']} ok, "
+              f"{summary['drifted']} drifted, {summary['unreachable']} unreachable, {summary['error']} error")
+    return 0

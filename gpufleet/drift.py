@@ -1,0 +1,186 @@
+"""Drift runs: playbooks/drift.yml through ansible-runner with the gpufleet_drift callback, one directory per
+run (runner artifacts and the report), progress as nodes finish, and comparison of two stored runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet import PROJECT_ROOT
+from gpufleet.errors import GpufleetError
+from gpufleet.report import FleetReport, ReportError, load_report
+from gpufleet.runner import runs_dir
+
+# In provisioning order, as playbooks/drift.yml lists them; one file per layer in playbooks/drift/layers/.
+LAYERS = ("base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "serve", "proxy")
+PLAYBOOK = PROJECT_ROOT / "playbooks" / "drift.yml"
+REPORT_SUBDIR = "drift"
+RUN_SUFFIX = "-drift"
+NODE_GROUP = "gpu_nodes"
+
+
+@dataclass
+class DriftRun:
+    """One drift run: where it is kept, how ansible ended, and the report (None when none was written)."""
+
+    run_id: str
+    run_dir: Path
+    ansible_rc: int
+    ansible_status: str
+    report: FleetReport | None
+
+    @property
+    def report_dir(self) -> Path:
+        return self.run_dir / REPORT_SUBDIR
+
+    @property
+    def exit_code(self) -> int:
+        """0 no drift, 2 drift, 1 the run failed (no report, or a node or layer not compared)."""
+        if self.report is None or not self.report.nodes:
+            return 1
+        return self.report.exit_code
+
+
+def parse_layers(text: str | None) -> list[str] | None:
+    """'toolkit,venv' -> ['toolkit', 'venv'] in provisioning order; GpufleetError naming unknown layers."""
+    if not text:
+        return None
+    wanted = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [item for item in wanted if item not in LAYERS]
+    if unknown or not wanted:
+        raise GpufleetError(f"unknown layer(s) {', '.join(unknown) or '(none given)'}; layers are {', '.join(LAYERS)}")
+    return [layer for layer in LAYERS if layer in wanted]
+
+
+def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
+    """The nodes (group gpu_nodes) of an inventory, narrowed by an ansible --limit pattern."""
+    from ansible.inventory.manager import InventoryManager  # imported here so `gpufleet --help` stays fast
+    from ansible.parsing.dataloader import DataLoader
+
+    if not inventory.exists():
+        raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
+    manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
+    if limit:
+        manager.subset(limit)
+    return sorted(host.name for host in manager.get_hosts(NODE_GROUP))
+
+
+class Progress:
+    """ansible-runner event handler: one line per node when all its layers are compared or it is unreachable."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.plans: dict[str, list[str]] = {}
+        self.done: dict[str, dict[str, str]] = {}
+        self.started = time.monotonic()
+
+    def __call__(self, event: dict) -> bool:
+        data = event.get("event_data") or {}
+        host, result = data.get("host"), data.get("res") or {}
+        if not host:
+            return True
+        if event.get("event") == "runner_on_unreachable":
+            self.say(f"  {host}: unreachable ({str(result.get('msg', '')).strip()[:200]})")
+        elif event.get("event") == "runner_on_ok" and "gpufleet_drift_plan" in result:
+            self.plans[host] = list(result["gpufleet_drift_plan"])
+        elif event.get("event") == "runner_on_ok" and isinstance(result.get("gpufleet_drift"), dict):
+            self._layer(host, result["gpufleet_drift"])
+        return True
+
+    def _layer(self, host: str, payload: dict) -> None:
+        self.done.setdefault(host, {})[str(payload.get("layer"))] = str(payload.get("status"))
+        plan = self.plans.get(host)
+        if not plan or len(self.done[host]) != len(plan):
+            return
+        drifted = [layer for layer in plan if self.done[host].get(layer) == "drifted"]
+        errors = [layer for layer in plan if self.done[host].get(layer) == "error"]
+        words = f"drifted: {', '.join(drifted)}" if drifted else "no drift"
+        if errors:
+            words += f"; error: {', '.join(errors)}"
+        self.say(f"  {host}: {len(plan)} layers compared after {time.monotonic() - self.started:.1f} s, {words}")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}{RUN_SUFFIX}"
+
+
+def run_drift(inventory: Path, *, limit: str | None = None, layers: list[str] | None = None,
+              say: Callable[[str], None] = print) -> DriftRun:
+    """Runs playbooks/drift.yml read-only against the inventory's nodes; the report is kept with the run."""
+    import ansible_runner  # imported here so `gpufleet --help` stays fast
+
+    if not inventory.exists():
+        raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
+    run_id = new_run_id()
+    run_dir = runs_dir() / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    report_dir = run_dir / REPORT_SUBDIR
+    runner = ansible_runner.run(
+        private_data_dir=str(run_dir),
+        project_dir=str(PROJECT_ROOT),
+        playbook=str(PLAYBOOK),
+        inventory=str(inventory.absolute()),  # not resolve(): group_vars sit beside a linked file
+        limit=limit,
+        # The play is check mode already; --check also sets ansible_check_mode, which the roles' preflights
+        # read to accept a layer that is not built yet (drift_probe then reports it as missing).
+        cmdline="--check",
+        extravars={"drift_layers": layers} if layers else {},
+        envvars={
+            # ansible-playbook of this gpufleet's own environment, also when that is not on PATH.
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
+            # ansible-runner replaces the callback path with its own: name ours again, and enable it.
+            "ANSIBLE_CALLBACK_PLUGINS": str(PROJECT_ROOT / "plugins" / "callback"),
+            "ANSIBLE_CALLBACKS_ENABLED": "gpufleet_drift",
+            "GPUFLEET_DRIFT_REPORT_DIR": str(report_dir),
+            "GPUFLEET_DRIFT_RUN_ID": run_id,
+        },
+        quiet=True,
+        event_handler=Progress(say),
+    )
+    report = load_report(report_dir) if (report_dir / "report.json").is_file() else None
+    return DriftRun(run_id, run_dir, int(runner.rc), str(runner.status), report)
+
+
+def failure_reason(run: DriftRun) -> str:
+    """Why a run produced no report: the end of ansible's output."""
+    stdout = sorted(run.run_dir.glob("artifacts/*/stdout"))
+    tail = stdout[-1].read_text(errors="replace").strip().splitlines()[-15:] if stdout else []
+    return "\n".join(tail) or f"ansible ended {run.ansible_status} (rc {run.ansible_rc}) without output"
+
+
+# ---- stored runs -------------------------------------------------------------------------------------
+
+def stored_runs() -> list[Path]:
+    """Directories of the drift runs kept under the runs directory that hold a report, oldest first."""
+    directory = runs_dir()
+    if not directory.is_dir():
+        return []
+    return sorted(path for path in directory.iterdir()
+                  if path.name.endswith(RUN_SUFFIX) and (path / REPORT_SUBDIR / "report.json").is_file())
+
+
+def find_report(reference: str, *, exclude: Path | None = None) -> tuple[str, FleetReport]:
+    """A stored run by id, `last`, `previous`, or a path (run directory, report directory or report.json)."""
+    runs = [path for path in stored_runs() if exclude is None or path.resolve() != exclude.resolve()]
+    if reference in ("last", "previous"):
+        index = -1 if reference == "last" else -2
+        if len(runs) < -index:
+            raise GpufleetError(f"no {reference} drift run is stored in {runs_dir()} (found {len(runs)})")
+        path = runs[index] / REPORT_SUBDIR
+    elif re.fullmatch(r"[0-9T]+-\d+-drift", reference):
+        path = runs_dir() / reference / REPORT_SUBDIR
+    else:
+        path = Path(reference)
+        if path.is_dir() and (path / REPORT_SUBDIR).is_dir():
+            path = path / REPORT_SUBDIR
+    try:
+        return reference, load_report(path)
+    except ReportError as error:
+        raise GpufleetError(f"cannot compare with {reference}: {error}; list the stored runs with "
+                            f"`gpufleet drift --runs`") from None

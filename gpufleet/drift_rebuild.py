@@ -1,0 +1,85 @@
+"""Which layers a rebuild runs, from a drift report of the node: the ones that drifted or could not be
+compared, and every layer built on them (a new Python means a new venv, a new venv new kernels, ...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpufleet.report import FleetReport
+
+# Layers playbooks/rebuild.yml can run, in provisioning order.
+REBUILDABLE = ("base", "driver", "toolkit", "python", "venv", "kernels", "model", "serve")
+# gpu_health has no role of its own: the driver layer brings persistence back (nvidia-persistenced); ECC
+# errors and pending retirements are the GPU's own and stay until it is serviced, so they stay in the report.
+PROVIDED_BY = {"gpu_health": "driver"}
+# What is built on each layer and must follow it.
+DEPENDENTS = {
+    "base": ("model", "serve"),
+    "driver": (),
+    "toolkit": ("kernels",),
+    "python": ("venv",),
+    "venv": ("kernels", "serve"),
+    "kernels": ("serve",),
+    "model": ("serve",),
+    "serve": (),
+}
+REINSTALLABLE = ("driver", "toolkit")
+NEEDS_REBUILD = ("drifted", "error")
+
+
+@dataclass
+class RebuildPlan:
+    """The layers to rebuild, in order, and how."""
+
+    layers: list[str] = field(default_factory=list)
+    fresh_venv: bool = False
+    reinstall: list[str] = field(default_factory=list)
+    reason: str = ""
+    refused: str = ""
+
+    def extravars(self, allow_many: bool) -> dict:
+        return {"rebuild_layers": self.layers, "rebuild_fresh_venv": self.fresh_venv,
+                "rebuild_reinstall": self.reinstall, "rebuild_allow_many": allow_many}
+
+
+def declared_layers(report: FleetReport) -> set[str]:
+    """Layers some node of the report declares, as the rebuildable layer that provides them."""
+    return {PROVIDED_BY.get(layer, layer) for node in report.nodes.values()
+            for layer, result in node.layers.items() if result.status != "not_declared"}
+
+
+def with_dependents(layers: set[str]) -> set[str]:
+    result = set(layers)
+    pending = list(layers)
+    while pending:
+        for dependent in DEPENDENTS.get(pending.pop(), ()):
+            if dependent not in result:
+                result.add(dependent)
+                pending.append(dependent)
+    return result
+
+
+def plan_rebuild(report: FleetReport, *, full: bool = False, reinstall: list[str] | None = None) -> RebuildPlan:
+    """The rebuild the drift report calls for; refused when a node could not be reached."""
+    reinstall = list(reinstall or [])
+    unreachable = sorted(name for name, node in report.nodes.items() if node.status == "unreachable")
+    if unreachable:
+        return RebuildPlan(refused=f"{', '.join(unreachable)} cannot be reached: nothing was rebuilt "
+                                   f"({report.nodes[unreachable[0]].message})")
+    declared = declared_layers(report) & set(REBUILDABLE)
+    if full:
+        wanted = set(declared)
+    else:
+        wanted = {PROVIDED_BY.get(layer, layer) for node in report.nodes.values()
+                  for layer, result in node.layers.items() if result.status in NEEDS_REBUILD}
+    wanted |= set(reinstall)
+    not_rebuildable = sorted(layer for layer in wanted if layer not in REBUILDABLE)
+    wanted = with_dependents(wanted & set(REBUILDABLE)) & declared
+    # Rebuilding stops the node's instances; the serve layer starts them again.
+    if wanted and "serve" in declared:
+        wanted.add("serve")
+    reason = "full rebuild, new venv" if full else "drifted layers and the layers built on them"
+    if not_rebuildable:
+        reason += f"; no playbook rebuilds {', '.join(not_rebuildable)} yet"
+    return RebuildPlan([layer for layer in REBUILDABLE if layer in wanted], fresh_venv=full and "venv" in wanted,
+                       reinstall=reinstall, reason=reason)

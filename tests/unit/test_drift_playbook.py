@@ -1,0 +1,185 @@
+"""playbooks/drift.yml is read-only by construction: every play in check mode, and every task of it and of
+every task file it includes (its layer files, the roles' preflights) uses a read-only module only.
+
+The walk follows include_tasks/import_tasks (a templated layer file name is expanded for every layer the
+play lists), include_role/import_role (tasks_from is required: a whole role could install things) and
+blocks with their rescue and always parts. It is tested against bad playbooks too, so it cannot pass by
+finding nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.playbook.block import Block
+from ansible.playbook.task import Task
+
+from gpufleet import PROJECT_ROOT
+from gpufleet.drift import LAYERS
+
+PLAYBOOK = PROJECT_ROOT / "playbooks" / "drift.yml"
+ROLES = PROJECT_ROOT / "roles"
+
+# Modules that only read (or only run on the controller without touching the host), by their FQCN.
+READ_ONLY_MODULES = frozenset({
+    "drift_probe", "drift_result", "nvidia_gpu_info", "torch_stack_info", "stack_host_check", "stack_validate",
+    "ansible.builtin.assert", "ansible.builtin.debug", "ansible.builtin.fail", "ansible.builtin.set_fact",
+    "ansible.builtin.include_vars", "ansible.builtin.setup", "ansible.builtin.stat", "ansible.builtin.getent",
+    "ansible.builtin.slurp", "ansible.builtin.service_facts", "ansible.builtin.package_facts",
+})
+INCLUDES = frozenset({"ansible.builtin.include_tasks", "ansible.builtin.import_tasks"})
+ROLE_INCLUDES = frozenset({"ansible.builtin.include_role", "ansible.builtin.import_role"})
+KEYWORDS = frozenset(Task.fattributes) | frozenset(Block.fattributes) | {"local_action"}
+
+
+def fqcn(name: str) -> str:
+    """`stat` and `ansible.legacy.stat` are ansible.builtin.stat; gpufleet's own modules keep their names."""
+    if (PROJECT_ROOT / "plugins" / "modules" / f"{name}.py").exists():
+        return name
+    if "." not in name or name.startswith("ansible.legacy."):
+        return "ansible.builtin." + name.split(".")[-1]
+    return name
+
+
+@dataclass
+class Walk:
+    """What the walk found: modules per file, and every problem."""
+
+    modules: dict[str, set[str]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    files: set[Path] = field(default_factory=set)
+
+
+def task_module(task: dict, where: str, walk: Walk) -> str | None:
+    candidates = [key for key in task if key not in KEYWORDS and not key.startswith("with_")]
+    if len(candidates) != 1:
+        walk.problems.append(f"{where}: cannot tell the module of task {task.get('name')!r} (keys {candidates})")
+        return None
+    return fqcn(candidates[0])
+
+
+def walk_tasks(tasks: list, path: Path, layers: list[str], walk: Walk) -> None:
+    for task in tasks or []:
+        where = f"{path.relative_to(PROJECT_ROOT)}: {task.get('name', '?')}"
+        if task.get("check_mode") is False or str(task.get("check_mode")).lower() == "false":
+            walk.problems.append(f"{where}: check_mode: false would let the task write")
+        if "notify" in task:
+            walk.problems.append(f"{where}: notifies a handler")
+        if "block" in task:
+            for part in ("block", "rescue", "always"):
+                walk_tasks(task.get(part), path, layers, walk)
+            continue
+        module = task_module(task, where, walk)
+        if module is None:
+            continue
+        walk.modules.setdefault(str(path.relative_to(PROJECT_ROOT)), set()).add(module)
+        if module in INCLUDES:
+            for included in expand(task[next(k for k in task if fqcn(k) == module)], path, layers):
+                walk_file(included, layers, walk)
+        elif module in ROLE_INCLUDES:
+            walk_role(task[next(k for k in task if fqcn(k) == module)], where, layers, walk)
+        elif module not in READ_ONLY_MODULES:
+            walk.problems.append(f"{where}: module {module} is not read-only")
+
+
+def expand(argument, path: Path, layers: list[str]) -> list[Path]:
+    name = argument if isinstance(argument, str) else argument.get("file")
+    names = [name.replace("{{ drift_layer }}", layer) for layer in layers] if "{{ drift_layer }}" in name else [name]
+    return [path.parent / item for item in names]
+
+
+def walk_role(argument: dict, where: str, layers: list[str], walk: Walk) -> None:
+    if not isinstance(argument, dict) or "tasks_from" not in argument:
+        walk.problems.append(f"{where}: includes a whole role; only tasks_from (its preflight) may be included")
+        return
+    walk_file(ROLES / argument["name"] / "tasks" / argument["tasks_from"], layers, walk)
+
+
+def walk_file(path: Path, layers: list[str], walk: Walk) -> None:
+    if path in walk.files:
+        return
+    walk.files.add(path)
+    if not path.is_file():
+        walk.problems.append(f"{path.relative_to(PROJECT_ROOT)} is included but does not exist")
+        return
+    walk_tasks(yaml.safe_load(path.read_text()) or [], path, layers, walk)
+
+
+def walk_playbook(path: Path) -> Walk:
+    walk = Walk()
+    for play in yaml.safe_load(path.read_text()):
+        if play.get("check_mode") is not True:
+            walk.problems.append(f"play {play.get('name')!r} does not set check_mode: true")
+        layers = list((play.get("vars") or {}).get("drift_layers") or [])
+        for part in ("pre_tasks", "tasks", "post_tasks", "handlers"):
+            walk_tasks(play.get(part), path, layers, walk)
+        if play.get("roles"):
+            walk.problems.append(f"play {play.get('name')!r} runs whole roles")
+    return walk
+
+
+def test_drift_playbook_uses_read_only_modules_only() -> None:
+    walk = walk_playbook(PLAYBOOK)
+    assert walk.problems == []
+    layer_files = {f"playbooks/drift/layers/{layer}.yml" for layer in LAYERS}
+    assert layer_files <= set(walk.modules), "every layer file is walked"
+    # The walk reached into the roles' preflights, and drift_probe compares the declared layers.
+    assert any(name.startswith("roles/") and name.endswith("/tasks/preflight.yml") for name in walk.modules)
+    assert {"drift_probe", "drift_result"} <= set().union(*walk.modules.values())
+
+
+def test_the_playbook_lists_every_layer_of_the_cli() -> None:
+    play = yaml.safe_load(PLAYBOOK.read_text())[0]
+    assert tuple(play["vars"]["drift_layers"]) == LAYERS
+
+
+def write(tmp: Path, name: str, document: object) -> Path:
+    path = tmp / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def scratch() -> Path:
+    # Inside the project so that problems print relative paths, removed afterwards.
+    directory = PROJECT_ROOT / "playbooks" / ".test-drift-lint"
+    directory.mkdir(exist_ok=True)
+    yield directory
+    for path in sorted(directory.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    directory.rmdir()
+
+
+def test_the_walk_finds_a_writing_module_in_an_included_layer(scratch: Path) -> None:
+    write(scratch, "layers/base.yml", [{"name": "a sneaky write", "ansible.builtin.copy": {"dest": "/x", "content": ""}}])
+    play = {"name": "p", "hosts": "all", "check_mode": True, "vars": {"drift_layers": ["base"]},
+            "tasks": [{"name": "t", "block": [{"name": "i", "ansible.builtin.include_tasks": "layers/{{ drift_layer }}.yml"}]}]}
+    walk = walk_playbook(write(scratch, "drift.yml", [play]))
+    assert walk.problems == ["playbooks/.test-drift-lint/layers/base.yml: a sneaky write: "
+                             "module ansible.builtin.copy is not read-only"]
+
+
+def test_the_walk_refuses_check_mode_off_whole_roles_and_plays_outside_check_mode(scratch: Path) -> None:
+    tasks = [
+        {"name": "off", "stat": {"path": "/"}, "check_mode": False},
+        {"name": "role", "ansible.builtin.include_role": {"name": "base"}},
+        {"name": "cmd", "command": "true"},
+    ]
+    walk = walk_playbook(write(scratch, "drift.yml", [{"name": "p", "hosts": "all", "tasks": tasks}]))
+    assert walk.problems == [
+        "play 'p' does not set check_mode: true",
+        "playbooks/.test-drift-lint/drift.yml: off: check_mode: false would let the task write",
+        "playbooks/.test-drift-lint/drift.yml: role: includes a whole role; only tasks_from (its preflight) may be included",
+        "playbooks/.test-drift-lint/drift.yml: cmd: module ansible.builtin.command is not read-only",
+    ]
+
+
+def test_the_walk_follows_role_preflights(scratch: Path) -> None:
+    tasks = [{"name": "pre", "ansible.builtin.include_role": {"name": "nvidia_driver", "tasks_from": "install.yml"}}]
+    walk = walk_playbook(write(scratch, "drift.yml", [{"name": "p", "hosts": "all", "check_mode": True, "tasks": tasks}]))
+    # The driver role's install file installs the driver: the walk must see that.
+    assert any("nvidia_runfile is not read-only" in problem for problem in walk.problems), walk.problems
