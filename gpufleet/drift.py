@@ -3,6 +3,8 @@ run (runner artifacts and the report), progress as nodes finish, and comparison 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import sys
@@ -64,10 +66,18 @@ def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
 
     if not inventory.exists():
         raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
-    manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
-    if limit:
-        manager.subset(limit)
-    return sorted(host.name for host in manager.get_hosts(NODE_GROUP))
+    warnings = io.StringIO()
+    with contextlib.redirect_stderr(warnings):
+        manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
+        if limit:
+            manager.subset(limit)
+        hosts = sorted(host.name for host in manager.get_hosts(NODE_GROUP))
+    # A limit that matches nothing is said once, by the caller; ansible's other warnings (an inventory it
+    # cannot parse, say) are passed on.
+    for line in warnings.getvalue().splitlines():
+        if "Could not match supplied host pattern" not in line:
+            print(line, file=sys.stderr)
+    return hosts
 
 
 class Progress:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpufleet.report import FleetReport
+from gpufleet.report import FleetReport, LayerResult
 
 # Layers playbooks/rebuild.yml can run, in provisioning order.
 REBUILDABLE = ("base", "driver", "toolkit", "python", "venv", "kernels", "model", "serve")
@@ -25,6 +25,7 @@ DEPENDENTS = {
 }
 REINSTALLABLE = ("driver", "toolkit")
 NEEDS_REBUILD = ("drifted", "error")
+_NO_LAYER = LayerResult("not_declared")
 
 
 @dataclass
@@ -33,13 +34,17 @@ class RebuildPlan:
 
     layers: list[str] = field(default_factory=list)
     fresh_venv: bool = False
+    fresh_models: list[str] = field(default_factory=list)
     reinstall: list[str] = field(default_factory=list)
+    # Layers that need a rebuild no playbook can do yet.
+    unrebuildable: list[str] = field(default_factory=list)
     reason: str = ""
     refused: str = ""
 
     def extravars(self, allow_many: bool) -> dict:
         return {"rebuild_layers": self.layers, "rebuild_fresh_venv": self.fresh_venv,
-                "rebuild_reinstall": self.reinstall, "rebuild_allow_many": allow_many}
+                "rebuild_fresh_models": self.fresh_models, "rebuild_reinstall": self.reinstall,
+                "rebuild_allow_many": allow_many}
 
 
 def declared_layers(report: FleetReport) -> set[str]:
@@ -57,6 +62,21 @@ def with_dependents(layers: set[str]) -> set[str]:
                 result.add(dependent)
                 pending.append(dependent)
     return result
+
+
+def untrusted_venv(report: FleetReport) -> bool:
+    """A package installed outside the lock: the venv role leaves extras alone, so only a new venv drops it."""
+    return any(item.field.startswith("package ") and str(item.expected).startswith("absent (not in the lock)")
+               for node in report.nodes.values() for item in node.layers.get("venv", _NO_LAYER).drift)
+
+
+def damaged_models(report: FleetReport) -> list[str]:
+    """Models with a weight file that differs from its tarball: model_store trusts a staged version by its
+    marker, so only staging it again from the verified tarball repairs it."""
+    names = {item.check.removeprefix("model ") for node in report.nodes.values()
+             for item in node.layers.get("model", _NO_LAYER).drift
+             if item.check.startswith("model ") and item.field.startswith("file ")}
+    return sorted(names)
 
 
 def plan_rebuild(report: FleetReport, *, full: bool = False, reinstall: list[str] | None = None) -> RebuildPlan:
@@ -78,8 +98,14 @@ def plan_rebuild(report: FleetReport, *, full: bool = False, reinstall: list[str
     # Rebuilding stops the node's instances; the serve layer starts them again.
     if wanted and "serve" in declared:
         wanted.add("serve")
-    reason = "full rebuild, new venv" if full else "drifted layers and the layers built on them"
+    fresh_venv = "venv" in wanted and (full or untrusted_venv(report))
+    fresh_models = damaged_models(report) if "model" in wanted else []
+    reason = "full rebuild" if full else "drifted layers and the layers built on them"
+    if fresh_venv:
+        reason += "; a new venv" + ("" if full else " (a package outside the lock is installed)")
+    if fresh_models:
+        reason += f"; models staged again from their tarballs: {', '.join(fresh_models)}"
     if not_rebuildable:
         reason += f"; no playbook rebuilds {', '.join(not_rebuildable)} yet"
-    return RebuildPlan([layer for layer in REBUILDABLE if layer in wanted], fresh_venv=full and "venv" in wanted,
-                       reinstall=reinstall, reason=reason)
+    return RebuildPlan([layer for layer in REBUILDABLE if layer in wanted], fresh_venv=fresh_venv,
+                       fresh_models=fresh_models, reinstall=reinstall, unrebuildable=not_rebuildable, reason=reason)

@@ -49,8 +49,9 @@ def to_markdown(report: FleetReport) -> str:
         if node.status == "ok":
             continue
         lines += ["", f"## {name}: {node.status}", ""]
-        if node.message:
-            lines += [f"{node.message}", ""]
+        if node.status == "unreachable":
+            lines.append(f"Not reached: {node.message}")
+            continue
         lines += ["| layer | what | expected | actual |", "|---|---|---|---|"]
         for layer, result in node.layers.items():
             lines += _markdown_rows(layer, result)
@@ -156,19 +157,21 @@ def to_prometheus(report: FleetReport, finished_epoch: float) -> str:
 # ---- terminal ----------------------------------------------------------------------------------------------
 
 def summary_table(report: FleetReport) -> str:
-    """Nodes by layers, then one line per differing value or per layer not compared."""
-    widths = [max([4] + [len(name) for name in report.nodes])] + [max(len(layer), 5) for layer in report.layers]
-    header = ["node"] + report.layers
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(header, widths)).rstrip()]
+    """Nodes by layers, then one line per differing value, per layer not compared, per unreachable node."""
+    rows = [["node"] + report.layers]
     for name, node in sorted(report.nodes.items()):
-        cells = [name] + [CELLS[node.layers[layer].status] if layer in node.layers else "" for layer in report.layers]
-        lines.append("  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip())
+        rows.append([name] + [CELLS[node.layers[layer].status] if layer in node.layers else "" for layer in report.layers])
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     for name, node in sorted(report.nodes.items()):
+        if node.status == "unreachable":
+            lines.append(f"{name}: unreachable: {node.message}")
+            continue
         for layer, result in node.layers.items():
             if result.status == "drifted":
                 lines += [f"{name} {layer}: {item.describe()}" for item in result.drift]
-            elif result.status in ("error", "unreachable"):
-                lines.append(f"{name} {layer}: {result.status}: {result.summary()}")
+            elif result.status == "error":
+                lines.append(f"{name} {layer}: error: {result.summary()}")
     summary = report.summary()
     lines.append(f"{summary['nodes']} nodes: {summary['ok']} ok, {summary['drifted']} drifted, "
                  f"{summary['unreachable']} unreachable, {summary['error']} error")

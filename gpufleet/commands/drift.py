@@ -96,8 +96,8 @@ def print_changes(old_name: str, old: FleetReport, new_name: str, new: FleetRepo
 
 
 def compare_stored(since: str, against: str) -> int:
-    newer_name, newer = find_report(against)
     older_name, older = find_report(since)
+    newer_name, newer = find_report(against)
     print_changes(older_name, older, newer_name, newer)
     return 0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufleet.drift import inventory_hosts, run_drift
+from gpufleet.drift import inventory_hosts, parse_layers, run_drift
 from gpufleet.errors import GpufleetError
 from gpufleet.drift_rebuild import REINSTALLABLE, plan_rebuild
 from gpufleet.report_formats import summary_table
@@ -29,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="rebuild every declared layer, with a new venv, instead of the drifted ones")
     parser.add_argument("--reinstall", default="",
                         help="also uninstall and install again these runfiles: " + ",".join(REINSTALLABLE))
+    parser.add_argument("--layers", help="only consider these layers (comma-separated), as gpufleet drift --layers")
     parser.add_argument("--allow-many", action="store_true", help="accept a --limit that matches several nodes")
     parser.set_defaults(func=run)
 
@@ -53,17 +54,21 @@ def target_nodes(inventory: Path, limit: str, allow_many: bool) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     reinstall = parse_reinstall(args.reinstall)
+    layers = parse_layers(args.layers)
     hosts = target_nodes(args.inventory, args.limit, args.allow_many)
     # The explicit host list, not the pattern: the playbooks then cannot reach any other node.
     limit = ",".join(hosts)
     print(f"rebuild: {', '.join(hosts)}: drift check first")
-    before = run_drift(args.inventory, limit=limit, say=print)
+    before = run_drift(args.inventory, limit=limit, layers=layers, say=print)
     if before.report is None:
         raise GpufleetError(f"the drift check before the rebuild wrote no report; see {before.run_dir}")
     print(summary_table(before.report))
     plan = plan_rebuild(before.report, full=args.full, reinstall=reinstall)
     if plan.refused:
         raise GpufleetError(plan.refused)
+    if not plan.layers and plan.unrebuildable:
+        print(f"rebuild: {', '.join(plan.unrebuildable)} drifted, but no playbook rebuilds it yet; nothing was changed")
+        return 2
     if not plan.layers:
         print("rebuild: every layer matches the declared state; nothing to rebuild")
         return 0
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if result.rc != 0:
         raise GpufleetError(f"the rebuild of {limit} failed (ansible rc {result.rc}); its output is in {result.artifacts}")
     print(f"rebuild: drift check of {limit} after the rebuild")
-    after = run_drift(args.inventory, limit=limit, say=print)
+    after = run_drift(args.inventory, limit=limit, layers=layers, say=print)
     if after.report is None:
         raise GpufleetError(f"the drift check after the rebuild wrote no report; see {after.run_dir}")
     print(summary_table(after.report))

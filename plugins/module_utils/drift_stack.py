@@ -153,7 +153,7 @@ def check_ld_cache(spec: dict, ctx: Context) -> list[Finding]:
     try:
         libraries = [name for name in os.listdir(directory) if re.search(r"\.so(\.\d+)*$", name)]
     except OSError:
-        return [Finding(label, "libraries", "present", f"{directory} is missing")]
+        return [Finding(label, "libraries", "in the cache (ldconfig)", f"{directory} does not exist")]
     rc, out, err = ctx.run(["ldconfig", "-p"])
     if rc != 0:
         raise CheckError(f"ldconfig -p failed (exit {rc}): {(err or out).strip()[-200:]}")
@@ -173,7 +173,8 @@ def check_ld_cache(spec: dict, ctx: Context) -> list[Finding]:
 def python_probe(python: str, ctx: Context) -> dict | None:
     if not os.path.exists(python):
         return None
-    rc, out, err = ctx.run([python, "-I", "-c", PYTHON_PROBE])
+    # -B: a drift run never writes, not even the bytecode cache of what the probe imports.
+    rc, out, err = ctx.run([python, "-I", "-B", "-c", PYTHON_PROBE])
     if rc != 0:
         # A shared build whose libpython cannot be found fails here: pyenv_install counts it as wrong too.
         return {"version": None, "shared": False, "config_args": "", "error": (err or out).strip()[-300:]}
@@ -315,7 +316,7 @@ def torch_probe(venv: str, ctx: Context) -> dict:
         python = os.path.join(venv, "bin", "python")
         if not os.path.exists(python):
             raise CheckError(f"{venv} has no bin/python: the venv layer is missing")
-        rc, out, err = ctx.run([python, "-I", "-c", TORCH_PROBE])
+        rc, out, err = ctx.run([python, "-I", "-B", "-c", TORCH_PROBE])
         if rc != 0:
             raise CheckError(f"the venv's interpreter cannot run: {(err or out).strip()[-300:]}")
         ctx.cache[key] = json.loads(out.strip().splitlines()[-1])

@@ -1,0 +1,133 @@
+"""`gpufleet drift` and `gpufleet rebuild` end to end without the lab: playbooks/drift.yml runs for real,
+through ansible-runner and the gpufleet_drift callback, against this controller (a local connection; the
+playbook only reads) and a node that cannot be reached (SSH to a closed loopback port)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree
+
+import jsonschema
+import pytest
+import yaml
+
+from gpufleet import PROJECT_ROOT
+from gpufleet.report import JSON_SCHEMA, load_report
+
+LAYERS = "base,driver,toolkit,serve"
+
+
+def gpufleet(*arguments: str, runs: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, GPUFLEET_RUNS_DIR=str(runs))
+    return subprocess.run([sys.executable, "-m", "gpufleet", *arguments], capture_output=True, text=True, env=env,
+                          cwd=PROJECT_ROOT, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This controller as node `controller` (a CUDA toolkit declared, no driver), and a node `gone`."""
+    path = tmp_path_factory.mktemp("inventory") / "hosts.yml"
+    document = {"all": {"children": {"gpu_nodes": {
+        "hosts": {
+            "controller": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                           "ansible_become": False},
+            "gone": {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_user": "nobody",
+                     "ansible_connection": "ssh", "ansible_ssh_common_args": "-o ConnectTimeout=5"},
+        },
+        "vars": {"cuda_toolkit_versions": [{"version": "13.0.2", "runfile": {
+            "url": "http://mirror.invalid/cuda_13.0.2_580.95.05_linux.run", "sha256": "0" * 64}}],
+                 "cuda_toolkit_link": "/var/tmp/gpufleet-drift-test-no-such-cuda"},
+    }}}}
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+@pytest.fixture(scope="module")
+def first_run(inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    runs = tmp_path_factory.mktemp("runs")
+    out = runs.parent / f"{runs.name}-out"
+    return gpufleet("drift", "-i", str(inventory), "--layers", LAYERS, "--out", str(out), runs=runs), runs
+
+
+def test_a_run_reports_drift_not_declared_layers_and_the_unreachable_node(first_run) -> None:
+    result, runs = first_run
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "  gone: unreachable (" in result.stdout
+    assert "  controller: 4 layers compared after" in result.stdout
+    (run,) = list(runs.iterdir())
+    report = load_report(run / "drift")
+    assert report.run_id == run.name and report.layers == LAYERS.split(",")
+    controller, gone = report.nodes["controller"], report.nodes["gone"]
+    assert {layer: result.status for layer, result in controller.layers.items()} == {
+        "base": "drifted", "driver": "not_declared", "toolkit": "drifted", "serve": "not_declared"}
+    assert controller.layers["driver"].message == "nvidia_driver_version is not set (role nvidia_driver)"
+    toolkit = {(item.check, item.field): item.actual for item in controller.layers["toolkit"].drift}
+    assert toolkit[("CUDA toolkit /usr/local/cuda-13.0", "version")] == "not installed"
+    assert toolkit[("link /var/tmp/gpufleet-drift-test-no-such-cuda", "target")] == "absent"
+    assert ("user vllm", "exists") in {(item.check, item.field) for item in controller.layers["base"].drift}
+    assert gone.status == "unreachable" and "Connection refused" in gone.message
+    assert {result.status for result in gone.layers.values()} == {"unreachable"}
+    assert f"run {run.name}: report in {run / 'drift'}" in result.stdout
+
+
+def test_the_report_files_of_a_run(first_run) -> None:
+    result, runs = first_run
+    (run,) = list(runs.iterdir())
+    out = runs.parent / f"{runs.name}-out"
+    for directory in (run / "drift", out):
+        assert sorted(path.name for path in directory.iterdir()) == ["drift.prom", "junit.xml", "report.json", "report.md"]
+    jsonschema.validate(json.loads((out / "report.json").read_text()), JSON_SCHEMA)
+    junit = ElementTree.parse(out / "junit.xml").getroot()
+    assert (junit.get("tests"), junit.get("failures"), junit.get("errors"), junit.get("skipped")) == ("8", "2", "4", "2")
+    prom = (out / "drift.prom").read_text()
+    assert 'gpufleet_drift_layer{node="controller",layer="toolkit"} 1' in prom
+    assert 'gpufleet_drift_node_up{node="gone"} 0' in prom
+    assert "## controller: drifted" in (out / "report.md").read_text()
+    # ansible-runner's own artifacts stay with the run, for whoever needs the details.
+    assert list(run.glob("artifacts/*/job_events/*.json"))
+
+
+def test_since_lists_what_changed_and_runs_are_listed(first_run, inventory: Path) -> None:
+    _, runs = first_run
+    (first,) = [path.name for path in runs.iterdir()]
+    second = gpufleet("drift", "-i", str(inventory), "--layers", "base,driver", "--limit", "controller",
+                      "--since", first, runs=runs)
+    assert second.returncode == 2, second.stdout + second.stderr
+    changes = second.stdout.split("changes since ", 1)[1].splitlines()
+    assert changes[0].startswith(f"{first} ({first}) in ")
+    assert "  controller toolkit: compared only in the older run" in changes
+    assert "  gone: not in the newer run" in changes
+    stored = gpufleet("drift", "--since", "previous", runs=runs)
+    assert stored.returncode == 0 and "  controller serve: compared only in the older run" in stored.stdout
+    listing = gpufleet("drift", "--runs", runs=runs)
+    assert [line.split()[0] for line in listing.stdout.splitlines()] == sorted(path.name for path in runs.iterdir())
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["drift", "-i", "{inventory}", "--layers", "base,bogus"], "unknown layer(s) bogus; layers are base, driver"),
+    (["drift", "-i", "/nonexistent/hosts.yml"], "inventory /nonexistent/hosts.yml does not exist"),
+    (["drift", "-i", "{inventory}", "--limit", "nomatch"], "no node of {inventory} (group gpu_nodes) matches --limit nomatch"),
+    (["drift"], "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs"),
+    (["drift", "--since", "20990101T000000-1-drift"], "cannot compare with 20990101T000000-1-drift:"),
+    (["rebuild", "-i", "{inventory}", "--limit", "gpu_nodes"],
+     "--limit gpu_nodes matches 2 nodes (controller, gone): rebuild takes one node; name one, or pass --allow-many"),
+    (["rebuild", "-i", "{inventory}", "--limit", "controller", "--reinstall", "python"],
+     "--reinstall python: only driver, toolkit can be reinstalled"),
+])
+def test_bad_input_is_one_line_and_runs_nothing(arguments: list[str], message: str, inventory: Path,
+                                                tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    result = gpufleet(*[item.format(inventory=inventory) for item in arguments], runs=runs)
+    assert result.returncode == 1
+    assert result.stderr.startswith("gpufleet: error: " + message.format(inventory=inventory)), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not runs.exists(), "nothing ran"
+
+
+def test_the_schema_is_printed(tmp_path: Path) -> None:
+    result = gpufleet("drift", "--schema", runs=tmp_path)
+    assert result.returncode == 0 and json.loads(result.stdout) == JSON_SCHEMA
