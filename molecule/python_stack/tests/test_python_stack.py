@@ -82,11 +82,10 @@ def test_kernel_is_installed_and_runs_against_the_venv_torch(host) -> None:
 def test_kernel_was_built_once_and_reused(host) -> None:
     marker = json.loads(host.file(f"{CURRENT}/gpufleet-kernels/{KERNEL}.json").content_string)
     entry = json.loads((CACHE / "kernels" / KERNEL / marker["key"] / "key.json").read_text())
-    assert marker["wheel"] == entry["wheel"] and entry["built_on"] == marker["built_on"]
-    # Only the builder of the key compiled it; every other host installed the cached wheel.
-    if host.backend.get_hostname() == entry["built_on"]:
-        assert marker["installed_from"] == "built on this node"
-    else:
-        assert marker["installed_from"] == "the controller cache, without building"
+    assert marker["wheel"] == entry["wheel"] and marker["built_on"] == entry["built_on"]
+    # Only the builder of the key compiled it; every other host (and any later reinstall) used the cached wheel.
+    assert marker["installed_from"] in ("built on this node", "the controller cache, without building")
+    if marker["installed_from"] == "built on this node":
+        assert host.backend.get_hostname() == entry["built_on"]
     assert entry["components"]["torch"] == "2.13.0+cpu" and entry["components"]["python"] == "3.11.2"
     assert entry["components"]["nvcc"] == "none", "the lab kernel declares it needs no CUDA"
