@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -173,6 +174,22 @@ def stored_runs() -> list[Path]:
         return []
     return sorted(path for path in directory.iterdir()
                   if path.name.endswith(RUN_SUFFIX) and (path / REPORT_SUBDIR / "report.json").is_file())
+
+
+def prune_artifacts(keep: int) -> list[Path]:
+    """Removes ansible-runner's files (events, output) of all but the newest `keep` drift runs; every run's
+    report stays, so any two runs can still be compared. Returns the runs pruned."""
+    pruned = []
+    for run in stored_runs()[:-keep] if keep > 0 else stored_runs():
+        leftovers = [path for path in run.iterdir() if path.name != REPORT_SUBDIR]
+        for path in leftovers:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        if leftovers:
+            pruned.append(run)
+    return pruned
 
 
 def find_report(reference: str, *, exclude: Path | None = None) -> tuple[str, FleetReport]:

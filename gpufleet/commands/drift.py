@@ -17,6 +17,7 @@ from gpufleet.drift import (
     find_report,
     inventory_hosts,
     parse_layers,
+    prune_artifacts,
     run_drift,
     stored_runs,
 )
@@ -38,6 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="list what changed since a stored run (its id, last, previous, or a path)")
     parser.add_argument("--against", metavar="RUN", default="last",
                         help="without -i: the newer stored run --since compares with (default: last)")
+    parser.add_argument("--keep-artifacts", type=int, default=20, metavar="N",
+                        help="keep ansible-runner's events of the newest N runs only (reports are always kept; "
+                             "default 20)")
     parser.add_argument("--runs", action="store_true", help="list the stored drift runs and exit")
     parser.add_argument("--schema", action="store_true", help="print the JSON Schema of report.json and exit")
     parser.set_defaults(func=run)
@@ -57,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
+    if args.keep_artifacts < 0:
+        raise GpufleetError(f"--keep-artifacts {args.keep_artifacts}: give a number of runs, 0 or more")
     layers = parse_layers(args.layers)
     hosts = inventory_hosts(args.inventory, args.limit)
     if not hosts:
@@ -71,6 +77,7 @@ def check(args: argparse.Namespace) -> int:
     print()
     print(summary_table(result.report))
     print(f"run {result.run_id}: report in {result.report_dir}")
+    prune_artifacts(args.keep_artifacts)
     if args.out:
         copy_report(result.report_dir, args.out)
         print(f"report copied to {args.out}")

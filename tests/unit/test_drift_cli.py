@@ -95,8 +95,12 @@ def test_since_lists_what_changed_and_runs_are_listed(first_run, inventory: Path
     _, runs = first_run
     (first,) = [path.name for path in runs.iterdir()]
     second = gpufleet("drift", "-i", str(inventory), "--layers", "base,driver", "--limit", "controller",
-                      "--since", first, runs=runs)
+                      "--since", first, "--keep-artifacts", "1", runs=runs)
     assert second.returncode == 2, second.stdout + second.stderr
+    # The older run keeps its report only; the newer one its runner events too.
+    assert [path.name for path in (runs / first).iterdir()] == ["drift"]
+    newer = next(path for path in runs.iterdir() if path.name != first)
+    assert (newer / "artifacts").is_dir()
     changes = second.stdout.split("changes since ", 1)[1].splitlines()
     assert changes[0].startswith(f"{first} ({first}) in ")
     assert "  controller toolkit: compared only in the older run" in changes
@@ -113,6 +117,7 @@ def test_since_lists_what_changed_and_runs_are_listed(first_run, inventory: Path
     (["drift", "-i", "{inventory}", "--limit", "nomatch"], "no node of {inventory} (group gpu_nodes) matches --limit nomatch"),
     (["drift"], "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs"),
     (["drift", "--since", "20990101T000000-1-drift"], "cannot compare with 20990101T000000-1-drift:"),
+    (["drift", "-i", "{inventory}", "--keep-artifacts", "-1"], "--keep-artifacts -1: give a number of runs, 0 or more"),
     (["rebuild", "-i", "{inventory}", "--limit", "gpu_nodes"],
      "--limit gpu_nodes matches 2 nodes (controller, gone): rebuild takes one node; name one, or pass --allow-many"),
     (["rebuild", "-i", "{inventory}", "--limit", "controller", "--reinstall", "python"],
