@@ -234,6 +234,26 @@ def installed_toolkit(prefix: str) -> str | None:
     return parse_toolkit_version_json(text) if text else None
 
 
+# Distribution and NVIDIA-repository packages that carry the driver (Debian: nvidia-driver, nvidia-kernel-dkms,
+# libnvidia-ml1, nvidia-smi; Ubuntu: nvidia-driver-580, nvidia-dkms-580, nvidia-utils-580, libnvidia-compute-580;
+# NVIDIA's CUDA repository: cuda-drivers, nvidia-open). A runfile install over them breaks both.
+_DRIVER_PACKAGE_RE = re.compile(
+    r"^(nvidia-driver(-[\w.-]+)?|nvidia-open(-[\w.-]+)?|nvidia-dkms-[\w.-]+|nvidia-kernel-(open-)?dkms|"
+    r"nvidia-utils-[\w.-]+|libnvidia-compute-[\w.-]+|libnvidia-ml1|nvidia-smi|cuda-drivers(-[\w.-]+)?)$"
+)
+DPKG_QUERY_ARGS = ["-W", "-f", "${Package} ${db:Status-Status}\n", "*nvidia*", "cuda-drivers*"]
+
+
+def packaged_driver(dpkg_output: str) -> list[str]:
+    """Installed packages that carry an NVIDIA driver, from `dpkg-query -W -f '${Package} ${db:Status-Status}'`."""
+    found = []
+    for line in (dpkg_output or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] == "installed" and _DRIVER_PACKAGE_RE.match(parts[0]):
+            found.append(parts[0])
+    return sorted(found)
+
+
 def check_runfile_name(kind: str, runfile: str, version: str) -> None:
     """Refuse a runfile whose NVIDIA file name names another version than the one requested."""
     named = runfile_version_from_name(kind, runfile)

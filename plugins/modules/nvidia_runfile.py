@@ -24,6 +24,9 @@ description:
     first makes a failure of the removal visible on its own. A toolkit replaced in the same prefix is
     removed with that prefix's C(bin/cuda-uninstaller --silent)."
   - A downgrade is refused unless O(allow_downgrade) is set.
+  - "A driver installed from packages (Debian C(nvidia-driver), Ubuntu C(nvidia-driver-580), NVIDIA's
+    C(cuda-drivers), ...; read with C(dpkg-query)) is refused: a runfile install over it breaks both. Remove the
+    packages and reboot first."
   - "Driver flags (nvidia-installer C(--advanced-options)): C(--silent) (implies C(--ui=none --no-questions)),
     C(--dkms), C(--kernel-module-type=open|proprietary) from the R560 installer on, C(-m=kernel-open|kernel)
     (C(--kernel-module-build-directory)) on R515 to R555, C(--no-opengl-files), C(--no-drm), C(--no-x-check)."
@@ -213,6 +216,7 @@ from ansible.module_utils.runfile import (
     NOTHING,
     TOOLKIT_LOG,
     UPGRADE,
+    DPKG_QUERY_ARGS,
     RunfileError,
     check_runfile_name,
     decide,
@@ -220,6 +224,7 @@ from ansible.module_utils.runfile import (
     installed_driver,
     installed_toolkit,
     loaded_driver_from_kernel,
+    packaged_driver,
     tail,
     toolkit_flags,
     toolkit_release,
@@ -279,6 +284,16 @@ def removal_command(kind: str, prefix: str | None) -> list[str] | None:
     """The uninstaller of the installed version, when it left one behind."""
     path = DRIVER_UNINSTALLER if kind == "driver" else os.path.join(prefix or "", "bin", "cuda-uninstaller")
     return [path, "--silent"] if os.path.exists(path) else None
+
+
+def driver_packages(module: AnsibleModule) -> list[str]:
+    """Installed packages that carry an NVIDIA driver; empty where dpkg is not the package manager."""
+    dpkg_query = module.get_bin_path("dpkg-query")
+    if not dpkg_query:
+        return []
+    # dpkg-query exits 1 when a pattern matches nothing; its output is still what it knows.
+    rc, out, err = module.run_command([dpkg_query] + DPKG_QUERY_ARGS, environ_update=LOCALE_ENV)
+    return packaged_driver(out)
 
 
 def detect(kind: str, prefix: str | None) -> str | None:
@@ -346,6 +361,13 @@ def main() -> None:
         action = decide(before, requested, params["allow_downgrade"])
     except RunfileError as error:
         module.fail_json(msg=str(error))
+    packages = driver_packages(module) if kind == "driver" else []
+    if packages:
+        module.fail_json(
+            msg=f"the NVIDIA driver is installed from packages ({', '.join(packages)}); a runfile install over it "
+            "breaks both. Remove them (apt-get purge them) and reboot, then run again",
+            driver_packages=packages,
+        )
 
     log = DRIVER_LOG if kind == "driver" else TOOLKIT_LOG
     commands: list[list[str]] = []

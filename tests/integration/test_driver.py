@@ -147,6 +147,21 @@ def test_rerun_completes_the_upgrade_with_a_reboot(inventory: Path, host: str) -
     assert again.rc == 0 and again.changed == 0, again.describe()
 
 
+def test_hold_policy_holds_the_installed_kernel_packages(inventory: Path, host: str) -> None:
+    try:
+        run = driver(inventory, host, NEW, nvidia_driver_kernel_protection="hold")
+        assert run.rc == 0 and run.changed > 0, run.describe()
+        rc, held = sh(inventory, host, "apt-mark showhold")
+        rc, installed = sh(inventory, host, "dpkg-query -W -f '${Package} ${db:Status-Status}\\n' 'linux-*' "
+                                            "| awk '$2 == \"installed\" && $1 ~ /^linux-(image|headers|modules)-/ {print $1}'")
+        assert installed.split(), "the lab installs kernel headers packages, so there is something to hold"
+        assert sorted(held.split()) == sorted(installed.split())
+        again = driver(inventory, host, NEW, nvidia_driver_kernel_protection="hold")
+        assert again.rc == 0 and again.changed == 0, again.describe()
+    finally:
+        sh(inventory, host, "apt-mark showhold | xargs -r apt-mark unhold")
+
+
 def test_downgrade_refused_unless_allowed(inventory: Path, host: str) -> None:
     run = driver(inventory, host, OLD)
     assert run.rc != 0 and run.changed == 0, run.describe()

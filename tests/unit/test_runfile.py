@@ -199,3 +199,32 @@ def test_tail_returns_the_last_lines(tmp_path: Path) -> None:
     log.write_text("".join(f"line {i}\n" for i in range(100)))
     assert runfile.tail(str(log), 3) == "line 97\nline 98\nline 99"
     assert runfile.tail(str(tmp_path / "missing.log")) == ""
+
+
+def test_packaged_driver_found_in_dpkg_output() -> None:
+    output = "\n".join([
+        "nvidia-driver-580 installed",
+        "libnvidia-compute-580 installed",
+        "nvidia-dkms-580 installed",
+        "nvidia-utils-580 installed",
+        "nvidia-kernel-dkms installed",
+        "libnvidia-ml1 installed",
+        "cuda-drivers-580 installed",
+        "nvidia-driver-575 config-files",
+        "nvidia-container-toolkit installed",
+        "nvidia-persistenced-doc not-installed",
+    ])
+    assert runfile.packaged_driver(output) == [
+        "cuda-drivers-580",
+        "libnvidia-compute-580",
+        "libnvidia-ml1",
+        "nvidia-dkms-580",
+        "nvidia-driver-580",
+        "nvidia-kernel-dkms",
+        "nvidia-utils-580",
+    ]
+
+
+def test_no_packaged_driver_on_a_runfile_node() -> None:
+    assert runfile.packaged_driver("nvidia-container-toolkit installed\ndkms installed\n") == []
+    assert runfile.packaged_driver("") == []
