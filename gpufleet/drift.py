@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -58,6 +59,25 @@ def parse_layers(text: str | None) -> list[str] | None:
     if unknown or not wanted:
         raise GpufleetError(f"unknown layer(s) {', '.join(unknown) or '(none given)'}; layers are {', '.join(LAYERS)}")
     return [layer for layer in LAYERS if layer in wanted]
+
+
+def parse_extra_vars(items: list[str]) -> dict:
+    """-e values, merged in order: a JSON object, or @FILE holding a YAML (or JSON) mapping."""
+    import yaml
+
+    merged: dict = {}
+    for item in items:
+        try:
+            value = yaml.safe_load(Path(item[1:]).read_text()) if item.startswith("@") else json.loads(item)
+        except OSError as error:
+            raise GpufleetError(f"-e {item}: cannot read the file ({error.strerror})") from None
+        except (ValueError, yaml.YAMLError) as error:
+            raise GpufleetError(f"-e {item[:60]}: not a JSON object ({str(error).splitlines()[0]}); "
+                                "write -e '{\"name\": value}' or -e @vars.yml") from None
+        if not isinstance(value, dict):
+            raise GpufleetError(f"-e {item[:60]}: give a mapping of variable names to values")
+        merged.update(value)
+    return merged
 
 
 def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
@@ -121,7 +141,7 @@ def new_run_id() -> str:
 
 
 def run_drift(inventory: Path, *, limit: str | None = None, layers: list[str] | None = None,
-              say: Callable[[str], None] = print) -> DriftRun:
+              extravars: dict | None = None, say: Callable[[str], None] = print) -> DriftRun:
     """Runs playbooks/drift.yml read-only against the inventory's nodes; the report is kept with the run."""
     import ansible_runner  # imported here so `gpufleet --help` stays fast
 
@@ -140,7 +160,7 @@ def run_drift(inventory: Path, *, limit: str | None = None, layers: list[str] | 
         # The play is check mode already; --check also sets ansible_check_mode, which the roles' preflights
         # read to accept a layer that is not built yet (drift_probe then reports it as missing).
         cmdline="--check",
-        extravars={"drift_layers": layers} if layers else {},
+        extravars={**(extravars or {}), **({"drift_layers": layers} if layers else {})},
         envvars={
             # ansible-playbook of this gpufleet's own environment, also when that is not on PATH.
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),

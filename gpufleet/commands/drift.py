@@ -16,6 +16,7 @@ from gpufleet.drift import (
     failure_reason,
     find_report,
     inventory_hosts,
+    parse_extra_vars,
     parse_layers,
     prune_artifacts,
     run_drift,
@@ -34,6 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-i", "--inventory", type=Path, help="inventory file or directory")
     parser.add_argument("--limit", help="only these hosts or groups (ansible --limit)")
     parser.add_argument("--layers", help="only these layers, comma-separated, e.g. toolkit,venv")
+    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="JSON|@FILE",
+                        help="variables over the inventory's, as JSON or @ a YAML/JSON file (repeatable)")
     parser.add_argument("--out", type=Path, help="also copy the report files (JSON, Markdown, JUnit, Prometheus) here")
     parser.add_argument("--since", metavar="RUN",
                         help="list what changed since a stored run (its id, last, previous, or a path)")
@@ -64,12 +67,14 @@ def check(args: argparse.Namespace) -> int:
     if args.keep_artifacts < 0:
         raise GpufleetError(f"--keep-artifacts {args.keep_artifacts}: give a number of runs, 0 or more")
     layers = parse_layers(args.layers)
+    extravars = parse_extra_vars(args.extra_vars)
     hosts = inventory_hosts(args.inventory, args.limit)
     if not hosts:
         raise GpufleetError(f"no node of {args.inventory} (group gpu_nodes) matches --limit {args.limit}")
     baseline = find_report(args.since)[1] if args.since else None
     print(f"drift: {len(hosts)} node(s), layers {', '.join(layers or LAYERS)}")
-    result = run_drift(args.inventory, limit=args.limit, layers=layers, say=print)
+    result = run_drift(args.inventory, limit=args.limit, layers=layers, extravars=extravars,
+                       say=print)
     if result.report is None:
         print(failure_reason(result))
         raise GpufleetError(f"the drift run {result.run_id} wrote no report (ansible {result.ansible_status}, "

@@ -118,6 +118,8 @@ def test_since_lists_what_changed_and_runs_are_listed(first_run, inventory: Path
     (["drift"], "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs"),
     (["drift", "--since", "20990101T000000-1-drift"], "cannot compare with 20990101T000000-1-drift:"),
     (["drift", "-i", "{inventory}", "--keep-artifacts", "-1"], "--keep-artifacts -1: give a number of runs, 0 or more"),
+    (["drift", "-i", "{inventory}", "-e", "drift_layers=base"], "-e drift_layers=base: not a JSON object"),
+    (["drift", "-i", "{inventory}", "-e", "[1, 2]"], "-e [1, 2]: give a mapping of variable names to values"),
     (["rebuild", "-i", "{inventory}", "--limit", "gpu_nodes"],
      "--limit gpu_nodes matches 2 nodes (controller, gone): rebuild takes one node; name one, or pass --allow-many"),
     (["rebuild", "-i", "{inventory}", "--limit", "controller", "--reinstall", "python"],
