@@ -3,6 +3,8 @@
 
     .venv/bin/python bench/python_stack.py [--reset] [--hosts lab-1 lab-2]
 
+The inventory is $GPUFLEET_LAB_INVENTORY (as for `gpufleet lab`), else inventories/lab/hosts.yml.
+
 Needs the lab (`gpufleet lab up`) and a filled mirror (lab/builders/python_stack.py, then
 `gpufleet wheelhouse build -i inventories/lab/hosts.yml`). Each step (python, venv, kernels) runs on the
 first host alone, then on the second; the second reuses what the first left in the controller caches
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-INVENTORY = REPO / "inventories" / "lab" / "hosts.yml"
+INVENTORY = Path(os.environ.get("GPUFLEET_LAB_INVENTORY") or REPO / "inventories" / "lab" / "hosts.yml")
 STEPS = (("python", "playbooks/python.yml"), ("venv", "playbooks/venv.yml"), ("kernels", "playbooks/kernels.yml"))
 NODE_PATHS = ("/opt/pyenv/versions/3.11.2", "/opt/gpufleet/venvs", "/var/cache/gpufleet/kernels")
 _RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
