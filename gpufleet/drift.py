@@ -136,6 +136,14 @@ class Progress:
         self.say(f"  {host}: {len(plan)} layers compared after {time.monotonic() - self.started:.1f} s, {words}")
 
 
+def ensure_ansible_on_path() -> None:
+    """ansible-runner starts `ansible-playbook` from PATH: use the one installed beside this gpufleet, also
+    when its environment is not activated (.venv/bin/gpufleet called by path)."""
+    here = str(Path(sys.executable).parent)
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([here, os.environ.get("PATH", "")])
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}{RUN_SUFFIX}"
 
@@ -147,6 +155,7 @@ def run_drift(inventory: Path, *, limit: str | None = None, layers: list[str] | 
 
     if not inventory.exists():
         raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
+    ensure_ansible_on_path()
     run_id = new_run_id()
     run_dir = runs_dir() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -162,8 +171,6 @@ def run_drift(inventory: Path, *, limit: str | None = None, layers: list[str] | 
         cmdline="--check",
         extravars={**(extravars or {}), **({"drift_layers": layers} if layers else {})},
         envvars={
-            # ansible-playbook of this gpufleet's own environment, also when that is not on PATH.
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
             "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
             # ansible-runner replaces the callback path with its own: name ours again, and enable it.
             "ANSIBLE_CALLBACK_PLUGINS": str(PROJECT_ROOT / "plugins" / "callback"),

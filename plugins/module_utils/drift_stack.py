@@ -495,7 +495,8 @@ def model_json_findings(label: str, version_dir: str, model: dict) -> list[Findi
             expected = merge(original or {}, overrides) if overrides else original
         actual = _load_json_or_none(os.path.join(version_dir, name))
         if actual != expected:
-            found.append(Finding(label, name, _summary(expected), _summary(actual), _json_difference(expected, actual)))
+            shown_expected, shown_actual = _differing_keys(expected, actual)
+            found.append(Finding(label, name, shown_expected, shown_actual))
     return found
 
 
@@ -509,20 +510,23 @@ def _load_json_or_none(path: str) -> Any:
         return f"invalid JSON ({error})"
 
 
-def _summary(value: Any) -> str:
+ABSENT = "<absent>"
+
+
+def _differing_keys(expected: Any, actual: Any) -> tuple[str, str]:
+    """Both sides as JSON, narrowed to the top-level keys that differ when both are objects."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        keys = sorted(key for key in set(expected) | set(actual) if expected.get(key, ABSENT) != actual.get(key, ABSENT))
+        expected = {key: expected.get(key, ABSENT) for key in keys}
+        actual = {key: actual.get(key, ABSENT) for key in keys}
+    return _shown(expected), _shown(actual)
+
+
+def _shown(value: Any) -> str:
     if value is None:
         return "absent"
     text = json.dumps(value, sort_keys=True)
-    return "sha256:" + _digest(text)[:16] if len(text) > 120 else text
-
-
-def _json_difference(expected: Any, actual: Any) -> str:
-    """The top-level keys whose values differ, e.g. 'temperature: 0.0 -> 0.7'."""
-    if not (isinstance(expected, dict) and isinstance(actual, dict)):
-        return ""
-    keys = sorted(set(expected) | set(actual))
-    return "; ".join(f"{key}: {json.dumps(expected.get(key, '<absent>'))} -> {json.dumps(actual.get(key, '<absent>'))}"
-                     for key in keys if expected.get(key, "<absent>") != actual.get(key, "<absent>"))
+    return "sha256:" + _digest(text)[:16] if len(text) > 200 else text
 
 
 KINDS = {

@@ -38,7 +38,7 @@ options:
       - "C(packages): C(names) (Debian packages installed), optional C(held). C(held): C(pattern) (installed
         packages matching it are held). C(user): C(name), optional C(group), C(home), C(shell)."
       - "C(service): C(name), optional C(enabled), C(active) (bools); a unit changed on disk but not reloaded
-        is drift. C(http): C(url), optional C(status) (default 200), C(headers), C(timeout)."
+        is drift. C(http): C(url), optional C(status) (default 200), C(headers), C(timeout), C(validate_certs)."
       - "C(driver): C(version), optional C(library). C(gpus): C(expect) (nvidia_gpu_info's keys), optional
         C(library). C(dkms): C(module), C(version)."
       - "C(toolkits): C(toolkits), a list of C({version, prefix}). C(ld_cache): C(directory)."

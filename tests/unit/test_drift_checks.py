@@ -9,6 +9,7 @@ import http.server
 import io
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -164,6 +165,37 @@ def test_endpoints_healthy_sick_and_closed(health_server: str) -> None:
     assert fields(result)[1][3].startswith("no answer")
 
 
+@pytest.fixture
+def tls_health_server(tmp_path: Path) -> Iterator[str]:
+    """The same handler behind TLS with a self-signed certificate for another name (as a node's proxy on loopback)."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=lab-1",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_tls_endpoint_on_loopback_with_and_without_certificate_checks(tls_health_server: str) -> None:
+    url = f"{tls_health_server}/health"
+    assert run([{"kind": "http", "url": url, "validate_certs": False}])["status"] == "ok"
+    (finding,) = run([{"kind": "http", "url": url}])["drift"]
+    assert "CERTIFICATE_VERIFY_FAILED" in finding["actual"]
+
+
 # ---- loader cache and interpreters (real ldconfig, real Pythons) -----------------------------------
 
 def test_the_loader_cache_holds_the_systems_libraries_and_not_an_unconfigured_directory(tmp_path: Path) -> None:
@@ -315,12 +347,11 @@ def test_a_staged_model_matches_its_tarball_and_overrides(tmp_path: Path) -> Non
     (version / "generation_config.json").write_text(json.dumps({"temperature": 0.9}))
     (version / "notes.txt").write_text("left by someone")
     drift = run([spec])["drift"]
-    assert [(item["field"], item["detail"]) for item in drift] == [
-        ("file model.safetensors", ""),
-        ("file notes.txt", ""),
-        ("generation_config.json", "temperature: 0.0 -> 0.9"),
+    assert [(item["field"], item["expected"], item["actual"]) for item in drift[1:]] == [
+        ("file notes.txt", "absent (not in the tarball)", "present"),
+        ("generation_config.json", '{"temperature": 0.0}', '{"temperature": 0.9}'),
     ]
-    assert drift[2]["expected"] == '{"temperature": 0.0}'
+    assert drift[0]["field"] == "file model.safetensors" and drift[0]["expected"] != drift[0]["actual"]
 
 
 def test_a_model_whose_tarball_left_the_node_is_noted_not_hashed(tmp_path: Path) -> None:

@@ -1,0 +1,212 @@
+"""Drift detection and rebuild on the lab fleet, in order (each test builds on the state the previous one left):
+
+1. both nodes converged (base, driver, toolkit, python, venv, kernels, model): no drift on any layer;
+2. the first node tampered with in thirteen ways across eight layers, in one go: one drift run reports each on
+   its layer with expected -> actual, the second node still reports no drift, `--since` lists the changes,
+   and neither node's files changed during the drift run (manifests with sha256 and ctime, before and after);
+3. `gpufleet rebuild --limit NODE` takes the tampered node back to a clean report (rebooting it to load the
+   declared driver) without touching the other node.
+
+The serve and proxy layers start vLLM and nginx, which other tests own; they are left out with --layers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_drift_support import (
+    LAYERS,
+    PROJECT_ROOT,
+    assert_unchanged,
+    converge,
+    fill_mirror,
+    findings,
+    gpufleet,
+    last_report,
+    manifest,
+)
+from test_driver_support import boot_id, sh
+
+sys.path.insert(0, str(PROJECT_ROOT / "tests" / "unit"))
+from wheel_factory import make_wheel  # noqa: E402
+
+from gpufleet.lab import mirror  # noqa: E402
+
+pytestmark = pytest.mark.lab
+
+VENV = "/opt/gpufleet/venvs/current"
+MODELS = "/var/lib/gpufleet/models"
+SIMGPUCTL = "/usr/local/sbin/gpufleet-simgpuctl"
+# A pinned package whose module neither torch nor the probes import, replaced by another version.
+PACKAGE, OTHER_VERSION = "idna", "2.0"
+
+
+@pytest.fixture(scope="module")
+def fleet(lab_inventory: Path, lab_hosts: dict[str, dict]) -> tuple[Path, str, str]:
+    """The lab inventory with two converged nodes: the one tampered with and the one left alone."""
+    tampered, untouched = sorted(lab_hosts)[:2]
+    fill_mirror(lab_inventory)
+    converge(lab_inventory, f"{tampered},{untouched}")
+    return lab_inventory, tampered, untouched
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("drift-runs")
+
+
+@pytest.fixture(scope="module")
+def other_version(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A wheel of another version of PACKAGE on the lab mirror; its URL path."""
+    wheel = make_wheel(tmp_path_factory.mktemp("wheels"), PACKAGE, OTHER_VERSION)
+    url_path = mirror.publish(wheel, f"_tests/drift/{wheel.name}")
+    yield url_path
+    (mirror.mirror_dir() / url_path.lstrip("/")).unlink(missing_ok=True)
+
+
+def pinned_version(name: str) -> str:
+    lock = next((PROJECT_ROOT / "inventories" / "lab" / "locks").glob("*.lock")).read_text()
+    return re.search(rf"(?m)^{re.escape(name)}==(\S+)", lock).group(1)
+
+
+def tamper_script(mirror_url: str) -> str:
+    return f"""
+set -ex
+# base: a kernel setting edited by hand, a directory opened up
+sed -i 's/^vm.swappiness = 1$/vm.swappiness = 60/' /etc/sysctl.d/90-gpufleet.conf
+chmod 0700 /var/log/gpufleet
+# driver: the persistence daemon's unit edited (and not reloaded), the daemon stopped
+sed -i 's/^Restart=always$/Restart=no/' /etc/systemd/system/nvidia-persistenced.service
+systemctl stop nvidia-persistenced
+# driver: the module of another driver loaded; gpu_health: uncorrectable ECC errors on GPU 0
+{SIMGPUCTL} driver-version 570.133.20
+{SIMGPUCTL} ecc-errors --gpu 0 7
+# toolkit: the link switched to the other toolkit, the loader entry removed
+ln -sfn /usr/local/cuda-12.8 /usr/local/cuda
+rm -f /etc/ld.so.conf.d/cuda.conf
+# python: pyenv's global version changed
+echo system > /opt/pyenv/version
+# venv: a pinned package replaced by another version, by hand
+PIP_CONFIG_FILE=/dev/null {VENV}/bin/python -m pip install --quiet --no-deps --disable-pip-version-check {mirror_url}
+# kernels: the record of the installed kernel build removed
+rm -f {VENV}/gpufleet-kernels/gpufleet-kernel-demo.json
+# model: a weight file damaged, a generation default changed
+printf 'garbage' >> {MODELS}/tiny-qwen2/model.safetensors
+sed -i 's/"temperature": 0.0/"temperature": 0.5/' {MODELS}/tiny-qwen2-greedy/generation_config.json
+"""
+
+
+def test_an_untouched_converged_fleet_reports_no_drift(fleet: tuple[Path, str, str], runs: Path) -> None:
+    inventory, tampered, untouched = fleet
+    result = gpufleet(runs, "drift", "-i", str(inventory), "--limit", f"{tampered},{untouched}", "--layers", LAYERS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = last_report(runs)
+    for host in (tampered, untouched):
+        assert {layer: item.status for layer, item in report.nodes[host].layers.items()} == {
+            layer: "ok" for layer in LAYERS.split(",")}
+
+
+def test_the_serve_layer_compares_each_declared_instance_and_keeps_its_key_secret(
+        fleet: tuple[Path, str, str], runs: Path) -> None:
+    inventory, _, untouched = fleet
+    # An instance no node runs: everything of it is missing, whether or not vllm_service runs others there.
+    instance = {"name": "drift-probe", "model": f"{MODELS}/tiny-qwen2", "port": 8099, "gpus": []}
+    secret = "drift-test-key-0123456789"
+    result = gpufleet(runs, "drift", "-i", str(inventory), "--limit", untouched, "--layers", "serve",
+                      "-e", json.dumps({"vllm_service_instances": [instance], "vllm_service_api_key": secret}))
+    assert result.returncode == 2, result.stdout + result.stderr
+    serve = findings(last_report(runs), untouched, "serve")
+    assert ("file /etc/systemd/system/vllm@drift-probe.service.d/gpufleet.conf", "exists", "present", "absent") in serve
+    assert ("file /etc/vllm/drift-probe.env", "exists", "present", "absent") in serve
+    assert any(check == "service vllm@drift-probe.service" for check, *_ in serve)
+    (health,) = [item for item in serve if item[0] == "endpoint http://127.0.0.1:8099/health"]
+    assert health[1:3] == ("status", "200") and health[3].startswith("no answer")
+    # Only the env file's digest travels: the key is in no report and no event of the run.
+    run = sorted(runs.iterdir())[-1]
+    leaked = [path for path in run.rglob("*") if path.is_file() and path.parent.name != "env"
+              and secret in path.read_text(errors="replace")]
+    assert leaked == []
+
+
+def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
+        fleet: tuple[Path, str, str], runs: Path, other_version: str, lab_hosts: dict[str, dict]) -> None:
+    inventory, tampered, untouched = fleet
+    rc, text = sh(inventory, tampered, tamper_script(lab_hosts[tampered]["gpufleet_mirror_url"] + other_version))
+    assert rc == 0, text
+    before = {host: manifest(inventory, host) for host in (tampered, untouched)}
+
+    clean_run = sorted(runs.iterdir())[0].name
+    result = gpufleet(runs, "drift", "-i", str(inventory), "--limit", f"{tampered},{untouched}", "--layers", LAYERS,
+                      "--since", clean_run)
+
+    for host in (tampered, untouched):
+        assert_unchanged(before[host], manifest(inventory, host), host)
+    assert result.returncode == 2, result.stdout + result.stderr
+    report = last_report(runs)
+    assert report.nodes[untouched].status == "ok"
+    node = report.nodes[tampered]
+    assert {layer for layer, item in node.layers.items() if item.status == "drifted"} == set(LAYERS.split(","))
+
+    def pairs(layer: str) -> set[tuple[str, str]]:
+        return {(check, field) for check, field, _, _ in findings(report, tampered, layer)}
+
+    base = findings(report, tampered, "base")
+    assert ("directory /var/log/gpufleet", "mode", "0755", "0700") in base
+    assert ("file /etc/sysctl.d/90-gpufleet.conf", "content") in pairs("base")
+    sysctl = next(item for item in node.layers["base"].drift if item.field == "content")
+    assert "-vm.swappiness = 1" in sysctl.detail and "+vm.swappiness = 60" in sysctl.detail
+
+    driver = findings(report, tampered, "driver")
+    assert ("NVIDIA driver", "loaded", "580.95.05", "570.133.20") in driver
+    assert ("service nvidia-persistenced", "active", "active", "inactive (dead)") in driver
+    assert {("file /etc/systemd/system/nvidia-persistenced.service", "content"),
+            ("service nvidia-persistenced", "loaded unit")} <= pairs("driver")
+
+    health = {(field, expected, actual) for _, field, expected, actual in findings(report, tampered, "gpu_health")}
+    assert {("ecc_errors", "0", "7"), ("persistence", "true", "false")} <= health
+
+    toolkit = findings(report, tampered, "toolkit")
+    assert ("link /usr/local/cuda", "target", "/usr/local/cuda-13.0", "/usr/local/cuda-12.8") in toolkit
+    assert ("file /etc/ld.so.conf.d/cuda.conf", "exists", "present", "absent") in toolkit
+
+    assert pairs("python") == {("file /opt/pyenv/version", "content")}
+
+    (venv,) = findings(report, tampered, "venv")
+    assert venv[1:] == (f"package {PACKAGE}", pinned_version(PACKAGE), OTHER_VERSION)
+
+    (kernel,) = findings(report, tampered, "kernels")
+    assert kernel[1] == "build key" and re.fullmatch(r"[0-9a-f]{16}", kernel[2]) and kernel[3] == "no marker"
+
+    model = findings(report, tampered, "model")
+    assert ("model tiny-qwen2", "file model.safetensors") in pairs("model")
+    assert ("model tiny-qwen2-greedy", "generation_config.json", '{"temperature": 0.0}', '{"temperature": 0.5}') in model
+
+    changes = result.stdout.split(f"changes since {clean_run}", 1)[1]
+    assert f"  {tampered} toolkit: ok -> drifted" in changes
+    assert f"  {tampered} toolkit: new drift: link /usr/local/cuda: target: /usr/local/cuda-13.0 -> /usr/local/cuda-12.8" in changes
+    assert untouched not in changes
+
+
+def test_rebuild_takes_the_node_back_and_leaves_the_other_alone(fleet: tuple[Path, str, str], runs: Path) -> None:
+    inventory, tampered, untouched = fleet
+    # ECC errors are the GPU's own: no rebuild clears them (the report would keep them); the GPU is serviced.
+    rc, text = sh(inventory, tampered, f"{SIMGPUCTL} ecc-errors --gpu 0 0")
+    assert rc == 0, text
+    other_before = manifest(inventory, untouched)
+    booted = boot_id(inventory, tampered)
+
+    result = gpufleet(runs, "rebuild", "-i", str(inventory), "--limit", tampered, "--layers", LAYERS)
+
+    assert result.returncode == 0, result.stdout[-8000:] + result.stderr
+    assert ("rebuild: layers base, driver, toolkit, python, venv, kernels, model (drifted layers and the layers "
+            "built on them; models staged again from their tarballs: tiny-qwen2)") in result.stdout
+    assert boot_id(inventory, tampered) != booted, "the driver layer rebooted the node to load driver 580.95.05"
+    report = last_report(runs)
+    assert list(report.nodes) == [tampered]
+    assert {item.status for item in report.nodes[tampered].layers.values()} == {"ok"}
+    assert_unchanged(other_before, manifest(inventory, untouched), untouched)
