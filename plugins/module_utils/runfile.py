@@ -190,6 +190,24 @@ def decide(installed: str | None, requested: str, allow_downgrade: bool) -> str:
     return DOWNGRADE
 
 
+def settle_unmanaged(kind: str, found: str, requested: str, prefix: str | None = None) -> str:
+    """NOTHING when an install made another way already is the requested one; RunfileError otherwise.
+
+    found is a driver's version, or a toolkit's release (X.Y, all nvcc says) for a prefix without version.json.
+    """
+    wanted = requested if kind == "driver" else toolkit_release(requested)
+    if found == wanted:
+        return NOTHING
+    if kind == "driver":
+        where, record, fix = "", "nvidia-installer has no record of it (/var/lib/nvidia/log)", "remove it and reboot"
+    else:
+        where, record, fix = f" in {prefix}", "there is no version.json", "remove it or choose another prefix"
+    raise RunfileError(
+        f"{kind} {found} is installed{where} but {record}: it was installed another way (host image, packages, "
+        f"container runtime); gpufleet does not install {requested} over it: {fix}"
+    )
+
+
 def tail(path: str, lines: int = 40) -> str:
     """The last lines of a text file, '' when it does not exist."""
     try:

@@ -24,6 +24,10 @@ description:
     first makes a failure of the removal visible on its own. A toolkit replaced in the same prefix is
     removed with that prefix's C(bin/cuda-uninstaller --silent)."
   - A downgrade is refused unless O(allow_downgrade) is set.
+  - "An install made another way is not replaced: a loaded driver whose libraries work but that
+    nvidia-installer did not record (a host image, a container runtime), or a prefix with a working nvcc but no
+    version.json. When it already is the requested version (the driver's version, the toolkit's release) the
+    module does nothing and returns RV(unmanaged)=true; otherwise it fails and says so."
   - "A driver installed from packages (Debian C(nvidia-driver), Ubuntu C(nvidia-driver-580), NVIDIA's
     C(cuda-drivers), ...; read with C(dpkg-query)) is refused: a runfile install over it breaks both. Remove the
     packages and reboot first."
@@ -194,6 +198,11 @@ reboot_required:
   returned: when kind is driver
   type: bool
   sample: true
+unmanaged:
+  description: The requested version is there but was installed another way than by a runfile; nothing was done.
+  returned: always
+  type: bool
+  sample: false
 commands:
   description: The commands that were run (or would be run, in check mode), each as an argument list.
   returned: always
@@ -225,6 +234,8 @@ from ansible.module_utils.runfile import (
     installed_toolkit,
     loaded_driver_from_kernel,
     packaged_driver,
+    parse_nvcc_release,
+    settle_unmanaged,
     tail,
     toolkit_flags,
     toolkit_release,
@@ -296,6 +307,23 @@ def driver_packages(module: AnsibleModule) -> list[str]:
     return packaged_driver(out)
 
 
+def unmanaged_install(module: AnsibleModule, kind: str, prefix: str | None) -> str | None:
+    """The version of a working install that no runfile recorded (a driver or toolkit installed another way).
+
+    Driver: a loaded module whose libraries answer (NVML initialises) with no nvidia-installer record. A
+    module left loaded after its own runfile's uninstall has no working libraries: that is not this case.
+    Toolkit: a prefix whose bin/nvcc answers but that has no version.json; the release (X.Y) is returned.
+    """
+    if kind == "driver":
+        state, version = loaded_driver()
+        return version if state == "loaded" and version else None
+    nvcc = os.path.join(prefix, "bin", "nvcc")
+    if not os.path.exists(nvcc):
+        return None
+    rc, out, err = module.run_command([nvcc, "--version"], environ_update=LOCALE_ENV)
+    return parse_nvcc_release(out) if rc == 0 else None
+
+
 def detect(kind: str, prefix: str | None) -> str | None:
     """The installed version of this kind (under prefix for a toolkit)."""
     return installed_driver() if kind == "driver" else installed_toolkit(prefix)
@@ -358,7 +386,11 @@ def main() -> None:
         check_runfile_name(kind, runfile, requested)
         flags = build_flags(params, prefix)
         before = detect(kind, prefix)
-        action = decide(before, requested, params["allow_downgrade"])
+        unmanaged = unmanaged_install(module, kind, prefix) if before is None else None
+        if unmanaged is None:
+            action = decide(before, requested, params["allow_downgrade"])
+        else:
+            action = settle_unmanaged(kind, unmanaged, requested, prefix)
     except RunfileError as error:
         module.fail_json(msg=str(error))
     packages = driver_packages(module) if kind == "driver" else []
@@ -383,10 +415,14 @@ def main() -> None:
         changed=action != NOTHING,
         action=action,
         installed_before=before,
-        installed=requested if action != NOTHING else before,
+        installed=requested if action != NOTHING else (before or unmanaged),
         requested=requested,
+        unmanaged=unmanaged is not None,
         commands=commands,
-        diff=dict(before=f"{label}: {before or 'absent'}\n", after=f"{label}: {requested}\n"),
+        diff=dict(
+            before=f"{label}: {before or unmanaged or 'absent'}\n",
+            after=f"{label}: {requested if action != NOTHING else before or unmanaged}\n",
+        ),
     )
     if prefix:
         result["prefix"] = prefix

@@ -137,6 +137,12 @@ def test_parse_driver_record_as_nvidia_installer_writes_it() -> None:
             "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n",
             "535.104.05",
         ),
+        (
+            # Captured on the H200 device machine (a NixOS-built driver, so no nvidia-installer record there).
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  \n"
+            "GCC version:  gcc version 15.3.0 (GCC) \n",
+            "580.159.04",
+        ),
         ("GCC version: gcc 12\n", None),
     ],
 )
@@ -228,3 +234,16 @@ def test_packaged_driver_found_in_dpkg_output() -> None:
 def test_no_packaged_driver_on_a_runfile_node() -> None:
     assert runfile.packaged_driver("nvidia-container-toolkit installed\ndkms installed\n") == []
     assert runfile.packaged_driver("") == []
+
+
+def test_unmanaged_install_of_the_requested_version_is_left_alone() -> None:
+    assert runfile.settle_unmanaged("driver", "580.159.04", "580.159.04") == runfile.NOTHING
+    # nvcc tells only the release: a toolkit of the requested release counts as there.
+    assert runfile.settle_unmanaged("toolkit", "13.0", "13.0.2", "/usr/local/cuda-13.0") == runfile.NOTHING
+
+
+def test_unmanaged_install_of_another_version_is_refused() -> None:
+    with pytest.raises(RunfileError, match="driver 580.159.04 is installed but nvidia-installer has no record"):
+        runfile.settle_unmanaged("driver", "580.159.04", "590.44.01")
+    with pytest.raises(RunfileError, match="toolkit 12.8 is installed in /usr/local/cuda-12.8 but there is no"):
+        runfile.settle_unmanaged("toolkit", "12.8", "12.9.1", "/usr/local/cuda-12.8")
