@@ -46,12 +46,14 @@ run_stage "unit tests" python -m pytest -q tests/unit
 
 if run_stage "lab up (${LAB_HOSTS} hosts)" gpufleet lab up --hosts "$LAB_HOSTS"; then
   trap 'lab_down; summary' EXIT
-  run_stage "lab integration tests" python -m pytest -q tests/integration
+  # Scenarios first: each converges its layer (and proves idempotence), so the lab ends up provisioned and
+  # the integration tests (upgrades, tampering, drift, rebuild, serving) start from converged nodes.
   for scenario_dir in molecule/*/; do
     scenario="$(basename "$scenario_dir")"
     [ -f "${scenario_dir}molecule.yml" ] || continue
     run_stage "molecule ${scenario}" molecule test -s "$scenario"
   done
+  run_stage "lab integration tests" python -m pytest -q tests/integration
 else
   trap 'lab_down; summary' EXIT
 fi
