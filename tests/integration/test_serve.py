@@ -192,8 +192,12 @@ def test_generation_overrides_make_the_greedy_instance_deterministic(served_lab:
     greedy = [completion(served_lab, host, prompt, "/instances/greedy/v1/completions", model="tiny-greedy")
               for _ in range(2)]
     explicit = completion(served_lab, host, prompt, temperature=0)
+    sampled = completion(served_lab, host, prompt)
     texts = {answer["choices"][0]["text"] for answer in greedy}
     assert texts == {explicit["choices"][0]["text"]}
+    # Without the override the first instance samples (temperature 1): its answer differs, so the equality
+    # above is the override's doing.
+    assert sampled["choices"][0]["text"] != explicit["choices"][0]["text"]
 
 
 def test_rate_limit_answers_429_beyond_the_burst(served_lab: ServedLab) -> None:
