@@ -1,0 +1,82 @@
+"""The flash_attn role refuses, with a clear message, to build a kernel it cannot build.
+
+Runs the real role over SSH on lab-1 against a venv without torch (made with the host's Debian Python), so
+it needs only `gpufleet lab up`: a CUDA package without nvcc, and any kernel package without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+INVENTORY = REPO / "inventories" / "lab" / "hosts.yml"
+VENV = "/var/tmp/gpufleet-kernel-errors-venv"
+LAB_KERNEL = yaml.safe_load((REPO / "inventories/lab/group_vars/all/kernels.yml").read_text())["flash_attn_packages"][0]
+PLAYBOOK = """
+- hosts: lab-1
+  become: true
+  gather_facts: true
+  tasks:
+    - name: A venv without torch
+      ansible.builtin.command:
+        argv: [/usr/bin/python3.11, -m, venv, --without-pip, "{{ venv }}"]
+        creates: "{{ venv }}/bin/python"
+    - name: The kernel role against it
+      block:
+        - name: Run the role
+          ansible.builtin.include_role:
+            name: flash_attn
+      rescue:
+        - name: Return the failure to the test
+          ansible.builtin.copy:
+            content: "{{ ansible_failed_result | to_json }}"
+            dest: "{{ result_file }}"
+            mode: "0644"
+          delegate_to: localhost
+          vars:
+            ansible_python_interpreter: "{{ ansible_playbook_python }}"
+      always:
+        - name: Remove the venv
+          ansible.builtin.file:
+            path: "{{ venv }}"
+            state: absent
+"""
+
+
+def _failure(tmp_path: Path, package: dict) -> dict:
+    if not INVENTORY.exists():
+        pytest.fail("the lab is not up: run `gpufleet lab up` first")
+    book, result_file = tmp_path / "play.yml", tmp_path / "result.json"
+    book.write_text(PLAYBOOK)
+    extra = {"venv": VENV, "result_file": str(result_file), "flash_attn_venv": VENV,
+             "flash_attn_packages": [package], "flash_attn_arch_list": "9.0",
+             "flash_attn_cuda_home": "/usr/local/cuda-13.0"}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+    process = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY), str(book), "-e", json.dumps(extra)],
+        capture_output=True, text=True, cwd=REPO, env=env, check=False,
+    )
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-2000:]
+    assert result_file.exists(), "the role was expected to fail:\n" + process.stdout[-3000:]
+    return json.loads(result_file.read_text())
+
+
+def test_a_cuda_kernel_without_nvcc_is_refused(tmp_path: Path) -> None:
+    failure = _failure(tmp_path, {**LAB_KERNEL, "name": "flash-attn-like", "requires_cuda": True})
+    assert failure["msg"].startswith("flash-attn-like compiles CUDA code but nvcc is not at /usr/local/cuda-13.0/bin/nvcc")
+    assert "install the CUDA toolkit (tag toolkit) or set flash_attn_cuda_home" in failure["msg"]
+
+
+def test_a_kernel_without_torch_in_the_venv_is_refused(tmp_path: Path) -> None:
+    failure = _failure(tmp_path, LAB_KERNEL)
+    assert failure["msg"].startswith("torch is not importable in the venv (ModuleNotFoundError: No module named 'torch')")
+    assert "built without build isolation against the venv's torch; install the venv first" in failure["msg"]
