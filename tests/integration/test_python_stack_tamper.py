@@ -1,6 +1,6 @@
 """A tampered wheel on the lab mirror is refused by the node; the genuine one installs.
 
-Runs the real pip_lock module over SSH on lab-1 against a small wheelhouse published on the lab mirror,
+Runs the real pip_lock module over SSH on the first lab host against a small wheelhouse published on the lab mirror,
 with the host's own Debian Python (python3.11-venv gives it ensurepip), so it needs only `gpufleet lab up`.
 """
 
@@ -28,8 +28,6 @@ from gpufleet.lab import mirror  # noqa: E402
 
 pytestmark = pytest.mark.lab
 
-INVENTORY = REPO / "inventories" / "lab" / "hosts.yml"
-HOST = "lab-1"
 VENV = "/var/tmp/gpufleet-tamper-test-venv"
 PLAYBOOK = """
 - hosts: "{{ target }}"
@@ -78,8 +76,6 @@ PLAYBOOK = """
 @pytest.fixture()
 def wheelhouse(tmp_path: Path) -> Iterator[tuple[str, Path, str]]:
     """Two genuine wheels and their lock; the mirror directory is removed afterwards."""
-    if not INVENTORY.exists():
-        pytest.fail("the lab is not up: run `gpufleet lab up` first")
     name = f"_tests/python-stack-{uuid.uuid4().hex[:8]}"
     genuine = tmp_path / "genuine"
     wheels = [make_wheel(genuine, "demo-app", "1.0"), make_wheel(genuine, "demo-lib", "2.0")]
@@ -97,22 +93,24 @@ def _publish(directory: Path, name: str) -> str:
     return url_path.rsplit("/", 1)[0] + "/"
 
 
-def _run(tmp_path: Path, lock: str, url_path: str) -> dict:
+def _run(tmp_path: Path, inventory: Path, host: str, lock: str, url_path: str) -> dict:
     book, result_file = tmp_path / "play.yml", tmp_path / "result.json"
     book.write_text(PLAYBOOK)
     result_file.unlink(missing_ok=True)
-    extra = {"target": HOST, "venv": VENV, "lock": lock, "url_path": url_path, "result_file": str(result_file)}
+    extra = {"target": host, "venv": VENV, "lock": lock, "url_path": url_path, "result_file": str(result_file)}
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
     process = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY), str(book), "-e", json.dumps(extra)],
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(book), "-e", json.dumps(extra)],
         capture_output=True, text=True, cwd=REPO, env=env, check=False,
     )
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-2000:]
     return json.loads(result_file.read_text())
 
 
-def test_tampered_wheel_is_refused_and_the_genuine_one_installs(tmp_path: Path,
+def test_tampered_wheel_is_refused_and_the_genuine_one_installs(tmp_path: Path, lab_inventory: Path,
+                                                                lab_hosts: dict[str, dict],
                                                                 wheelhouse: tuple[str, Path, str]) -> None:
+    host = sorted(lab_hosts)[0]
     name, genuine, lock = wheelhouse
     tampered = tmp_path / "tampered"
     shutil.copytree(genuine, tampered)
@@ -120,14 +118,14 @@ def test_tampered_wheel_is_refused_and_the_genuine_one_installs(tmp_path: Path,
     make_wheel(tampered, "demo-lib", "2.0", "VALUE = 'tampered'\n")
     url_path = _publish(tampered, name)
 
-    refused = _run(tmp_path, lock, url_path)
+    refused = _run(tmp_path, lab_inventory, host, lock, url_path)
     assert refused["result"]["failed"] and refused["result"]["hash_mismatch"], refused["result"].get("msg")
     assert "a wheel's sha256 is not the pinned one" in refused["result"]["msg"]
     assert "DO NOT MATCH THE HASHES" in refused["result"]["msg"]
     assert not any(line.startswith("demo-lib==") for line in refused["packages"])
 
     _publish(genuine, name)
-    installed = _run(tmp_path, lock, url_path)
+    installed = _run(tmp_path, lab_inventory, host, lock, url_path)
     assert not installed["result"].get("failed"), installed["result"].get("msg")
     assert installed["result"]["changed"] and installed["result"]["created"]
     assert {"demo-app==1.0", "demo-lib==2.0"} <= set(installed["packages"])
