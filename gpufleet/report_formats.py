@@ -18,6 +18,10 @@ MARKDOWN_CELLS = {"ok": "ok", "drifted": "**drifted**", "not_declared": "not dec
                   "error": "**error**"}
 
 
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
+
+
 def to_json(report: FleetReport) -> str:
     return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
 
@@ -36,7 +40,7 @@ def to_markdown(report: FleetReport) -> str:
         "# gpufleet drift report",
         "",
         f"Run `{report.run_id or 'unnamed'}`, {report.started} to {report.finished} ({report.duration_seconds:.1f} s): "
-        f"{summary['nodes']} nodes, {summary['ok']} ok, {summary['drifted']} drifted, "
+        f"{_nodes(summary['nodes'])}, {summary['ok']} ok, {summary['drifted']} drifted, "
         f"{summary['unreachable']} unreachable, {summary['error']} error (exit code {summary['exit_code']}).",
         "",
         "| node | " + " | ".join(report.layers) + " |",
@@ -173,7 +177,7 @@ def summary_table(report: FleetReport) -> str:
             elif result.status == "error":
                 lines.append(f"{name} {layer}: error: {result.summary()}")
     summary = report.summary()
-    lines.append(f"{summary['nodes']} nodes: {summary['ok']} ok, {summary['drifted']} drifted, "
+    lines.append(f"{_nodes(summary['nodes'])}: {summary['ok']} ok, {summary['drifted']} drifted, "
                  f"{summary['unreachable']} unreachable, {summary['error']} error")
     return "\n".join(lines)
 
