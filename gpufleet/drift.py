@@ -18,7 +18,7 @@ from pathlib import Path
 from gpufleet import PROJECT_ROOT
 from gpufleet.errors import GpufleetError
 from gpufleet.report import FleetReport, ReportError, load_report
-from gpufleet.runner import runs_dir
+from gpufleet.runner import ensure_ansible_on_path, runs_dir
 
 # In provisioning order, as playbooks/drift.yml lists them; one file per layer in playbooks/drift/layers/.
 LAYERS = ("base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "serve", "proxy")
@@ -134,14 +134,6 @@ class Progress:
         if errors:
             words += f"; error: {', '.join(errors)}"
         self.say(f"  {host}: {len(plan)} layers compared after {time.monotonic() - self.started:.1f} s, {words}")
-
-
-def ensure_ansible_on_path() -> None:
-    """ansible-runner starts `ansible-playbook` from PATH: use the one installed beside this gpufleet, also
-    when its environment is not activated (.venv/bin/gpufleet called by path)."""
-    here = str(Path(sys.executable).parent)
-    if here not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = os.pathsep.join([here, os.environ.get("PATH", "")])
 
 
 def new_run_id() -> str:

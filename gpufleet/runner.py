@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,14 @@ STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "
 def runs_dir() -> Path:
     """Where each run's artifacts (events, stdout, stats) are kept, one directory per run."""
     return Path(os.environ.get("GPUFLEET_RUNS_DIR", "/var/lib/gpufleet/runs"))
+
+
+def ensure_ansible_on_path() -> None:
+    """ansible-runner starts `ansible-playbook` from PATH: use the one installed beside this gpufleet, also
+    when its environment is not activated (.venv/bin/gpufleet called by path)."""
+    here = str(Path(sys.executable).parent)
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([here, os.environ.get("PATH", "")])
 
 
 @dataclass
@@ -62,6 +71,7 @@ def run_playbook(
         raise GpufleetError(f"playbook {playbook_path} does not exist")
     if not inventory.exists():
         raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
+    ensure_ansible_on_path()
     run_id = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
     private_dir = runs_dir() / run_id
     private_dir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +80,7 @@ def run_playbook(
         private_data_dir=str(private_dir),
         project_dir=str(PROJECT_ROOT),
         playbook=str(playbook_path),
-        inventory=str(inventory.resolve()),
+        inventory=str(inventory.absolute()),  # not resolve(): group_vars sit beside a linked file
         limit=limit,
         tags=tags,
         cmdline=cmdline or None,
