@@ -162,6 +162,8 @@ def load_stack_file(path: Path) -> StackSpec:
 
 def stacks_from_inventory(inventory: Path) -> list[StackSpec]:
     """The distinct stacks the inventory's hosts declare (group_vars per GPU class may differ)."""
+    if not inventory.exists():
+        raise GpufleetError(f"inventory {inventory} does not exist; for the lab, run `gpufleet lab up` first")
     command = [_ansible_tool("ansible-inventory"), "-i", str(inventory), "--list"]
     process = subprocess.run(command, capture_output=True, text=True, check=False)
     if process.returncode != 0:

@@ -107,6 +107,30 @@ def test_bad_stack_file_gives_one_line_error(tmp_path: Path, capsys: pytest.Capt
     assert error.startswith("gpufleet: error:") and "not valid YAML" in error and "\n" not in error
 
 
+def test_missing_inventory_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["wheelhouse", "build", "-i", str(tmp_path / "nowhere" / "hosts.yml")]) == 1
+    assert "does not exist; for the lab, run `gpufleet lab up` first" in capsys.readouterr().err
+
+
+def test_inventory_without_a_stack_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    node-1:\n      ansible_host: 192.0.2.1\n")
+    assert main(["wheelhouse", "build", "-i", str(inventory), "--no-mirror"]) == 1
+    assert "no host of" in capsys.readouterr().err
+
+
+def test_inventory_stacks_are_read_per_host(tmp_path: Path) -> None:
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "hosts.yml").write_text("all:\n  children:\n    h100:\n      hosts: {node-1: {}, node-2: {}}\n"
+                                        "    l40s:\n      hosts: {node-3: {}}\n")
+    (tmp_path / "group_vars" / "h100.yml").write_text(
+        "inference_venv_stack: {id: a, python: '3.12', platform: manylinux_2_28_x86_64, requirements: [vllm==0.11.0]}\n")
+    (tmp_path / "group_vars" / "l40s.yml").write_text(
+        "inference_venv_stack: {id: b, python: '3.11', platform: manylinux_2_28_x86_64, requirements: [vllm==0.10.2]}\n")
+    specs = wheelhouse.stacks_from_inventory(tmp_path / "hosts.yml")
+    assert sorted((s.id, s.python) for s in specs) == [("a", "3.12"), ("b", "3.11")]
+
+
 # --- the lock writer and parser -----------------------------------------------------------------------------
 
 def _entries() -> list:
