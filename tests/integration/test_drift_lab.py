@@ -66,7 +66,9 @@ def other_version(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     wheel = make_wheel(tmp_path_factory.mktemp("wheels"), PACKAGE, OTHER_VERSION)
     url_path = mirror.publish(wheel, f"_tests/drift/{wheel.name}")
     yield url_path
-    (mirror.mirror_dir() / url_path.lstrip("/")).unlink(missing_ok=True)
+    published = mirror.mirror_dir() / url_path.lstrip("/")
+    published.unlink(missing_ok=True)
+    published.parent.rmdir()
 
 
 def pinned_version(name: str) -> str:
