@@ -10,21 +10,27 @@ packages=(
   openssh-client     # the controller reaches lab hosts over SSH
   gcc make libc6-dev # the simulated NVML library is compiled in C
   curl ca-certificates
+  openssl            # the lab CA and host certificates
 )
+
+# Some tests fetch a package file with `apt-get download`: that needs package lists, even when nothing is missing.
+lists_present() { compgen -G '/var/lib/apt/lists/*_Packages' >/dev/null; }
 
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
 
-if [ "${#missing[@]}" -eq 0 ]; then
+if [ "${#missing[@]}" -eq 0 ] && lists_present; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-deps: missing Debian packages (${missing[*]}); run as root or install them with apt-get." >&2
   exit 1
 fi
-echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
