@@ -14,7 +14,7 @@ packages=(
 )
 
 # Some tests fetch a package file with `apt-get download`: that needs package lists, even when nothing is missing.
-lists_present() { compgen -G '/var/lib/apt/lists/*_Packages' >/dev/null; }
+lists_present() { compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; }
 
 missing=()
 for package in "${packages[@]}"; do
