@@ -211,9 +211,9 @@ def prune_artifacts(keep: int) -> list[Path]:
     return pruned
 
 
-def find_report(reference: str, *, exclude: Path | None = None) -> tuple[str, FleetReport]:
+def find_report(reference: str) -> tuple[str, FleetReport]:
     """A stored run by id, `last`, `previous`, or a path (run directory, report directory or report.json)."""
-    runs = [path for path in stored_runs() if exclude is None or path.resolve() != exclude.resolve()]
+    runs = stored_runs()
     if reference in ("last", "previous"):
         index = -1 if reference == "last" else -2
         if len(runs) < -index:

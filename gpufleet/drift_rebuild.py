@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from gpufleet.report import FleetReport, LayerResult
 
 # Layers playbooks/rebuild.yml can run, in provisioning order.
-REBUILDABLE = ("base", "driver", "toolkit", "python", "venv", "kernels", "model", "serve")
+REBUILDABLE = ("base", "driver", "toolkit", "python", "venv", "kernels", "model", "serve", "proxy")
 # gpu_health has no role of its own: the driver layer brings persistence back (nvidia-persistenced); ECC
 # errors and pending retirements are the GPU's own and stay until it is serviced, so they stay in the report.
 PROVIDED_BY = {"gpu_health": "driver"}
@@ -21,7 +21,8 @@ DEPENDENTS = {
     "venv": ("kernels", "serve"),
     "kernels": ("serve",),
     "model": ("serve",),
-    "serve": (),
+    "serve": ("proxy",),
+    "proxy": (),
 }
 REINSTALLABLE = ("driver", "toolkit")
 NEEDS_REBUILD = ("drifted", "error")

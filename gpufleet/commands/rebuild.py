@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufleet.drift import ensure_ansible_on_path, inventory_hosts, parse_layers, run_drift
+from gpufleet.drift import inventory_hosts, parse_layers, run_drift
 from gpufleet.errors import GpufleetError
 from gpufleet.drift_rebuild import REINSTALLABLE, plan_rebuild
 from gpufleet.report_formats import summary_table
@@ -73,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
         print("rebuild: every layer matches the declared state; nothing to rebuild")
         return 0
     print(f"rebuild: layers {', '.join(plan.layers)}" + (f" ({plan.reason})" if plan.reason else ""))
-    ensure_ansible_on_path()
     result = run_playbook("rebuild.yml", args.inventory, limit=limit, extravars=plan.extravars(len(hosts) > 1))
     print()
     print(format_summary(result))
