@@ -1,6 +1,6 @@
 """The flash_attn role refuses, with a clear message, to build a kernel it cannot build.
 
-Runs the real role over SSH on lab-1 against a venv without torch (made with the host's Debian Python), so
+Runs the real role over SSH on the first lab host against a venv without torch (made with the host's Debian Python), so
 it needs only `gpufleet lab up`: a CUDA package without nvcc, and any kernel package without torch.
 """
 
@@ -18,11 +18,12 @@ import yaml
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
-INVENTORY = REPO / "inventories" / "lab" / "hosts.yml"
 VENV = "/var/tmp/gpufleet-kernel-errors-venv"
+# A CUDA home that no layer installs: the lab hosts may carry a (stand-in) toolkit from the toolkit scenario.
+NO_CUDA_HOME = "/var/tmp/gpufleet-kernel-errors-no-cuda"
 LAB_KERNEL = yaml.safe_load((REPO / "inventories/lab/group_vars/all/kernels.yml").read_text())["flash_attn_packages"][0]
 PLAYBOOK = """
-- hosts: lab-1
+- hosts: "{{ target }}"
   become: true
   gather_facts: true
   tasks:
@@ -52,17 +53,15 @@ PLAYBOOK = """
 """
 
 
-def _failure(tmp_path: Path, package: dict) -> dict:
-    if not INVENTORY.exists():
-        pytest.fail("the lab is not up: run `gpufleet lab up` first")
+def _failure(tmp_path: Path, inventory: Path, host: str, package: dict) -> dict:
     book, result_file = tmp_path / "play.yml", tmp_path / "result.json"
     book.write_text(PLAYBOOK)
-    extra = {"venv": VENV, "result_file": str(result_file), "flash_attn_venv": VENV,
+    extra = {"target": host, "venv": VENV, "result_file": str(result_file), "flash_attn_venv": VENV,
              "flash_attn_packages": [package], "flash_attn_arch_list": "9.0",
-             "flash_attn_cuda_home": "/usr/local/cuda-13.0"}
+             "flash_attn_cuda_home": NO_CUDA_HOME}
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
     process = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY), str(book), "-e", json.dumps(extra)],
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(book), "-e", json.dumps(extra)],
         capture_output=True, text=True, cwd=REPO, env=env, check=False,
     )
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-2000:]
@@ -70,13 +69,15 @@ def _failure(tmp_path: Path, package: dict) -> dict:
     return json.loads(result_file.read_text())
 
 
-def test_a_cuda_kernel_without_nvcc_is_refused(tmp_path: Path) -> None:
-    failure = _failure(tmp_path, {**LAB_KERNEL, "name": "flash-attn-like", "requires_cuda": True})
-    assert failure["msg"].startswith("flash-attn-like compiles CUDA code but nvcc is not at /usr/local/cuda-13.0/bin/nvcc")
+def test_a_cuda_kernel_without_nvcc_is_refused(tmp_path: Path, lab_inventory: Path, lab_hosts: dict[str, dict]) -> None:
+    package = {**LAB_KERNEL, "name": "flash-attn-like", "requires_cuda": True}
+    failure = _failure(tmp_path, lab_inventory, sorted(lab_hosts)[0], package)
+    assert failure["msg"].startswith(f"flash-attn-like compiles CUDA code but nvcc is not at {NO_CUDA_HOME}/bin/nvcc")
     assert "install the CUDA toolkit (tag toolkit) or set flash_attn_cuda_home" in failure["msg"]
 
 
-def test_a_kernel_without_torch_in_the_venv_is_refused(tmp_path: Path) -> None:
-    failure = _failure(tmp_path, LAB_KERNEL)
+def test_a_kernel_without_torch_in_the_venv_is_refused(tmp_path: Path, lab_inventory: Path,
+                                                      lab_hosts: dict[str, dict]) -> None:
+    failure = _failure(tmp_path, lab_inventory, sorted(lab_hosts)[0], LAB_KERNEL)
     assert failure["msg"].startswith("torch is not importable in the venv (ModuleNotFoundError: No module named 'torch')")
     assert "built without build isolation against the venv's torch; install the venv first" in failure["msg"]
