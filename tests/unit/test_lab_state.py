@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,8 +62,12 @@ def test_lock_is_retaken_when_its_file_was_deleted(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def sleeper() -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpufleet-unit-marker"])
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    # Popen returns once exec has begun, before the kernel has published the new argv in /proc: wait until
+    # the child runs its own code, which it can only do after exec finished.
+    code = "import time; print('ready', flush=True); time.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", code, "gpufleet-unit-marker"], stdout=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline() == b"ready\n"
     yield process
     process.kill()
     process.wait()
