@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the drift playbook's driver and gpu_health layers on this machine over a local connection, once with
+# the driver version this machine really has and once with another one, writing the console output and the
+# report files (JSON, Markdown) of each run to OUTDIR. Used to prove the drift checks on real hardware.
+#   usage: scripts/verify-local-drift.sh PYTHON REAL_DRIVER_VERSION OTHER_DRIVER_VERSION OUTDIR
+set -uo pipefail
+
+python="$1" real="$2" other="$3" outdir="$4"
+cd "$(dirname "$0")/.."
+mkdir -p "$outdir"
+work="$(mktemp -d)"
+export ANSIBLE_CONFIG="$PWD/ansible.cfg" LC_ALL=C.UTF-8 ANSIBLE_CALLBACKS_ENABLED=gpufleet_drift
+
+cat >"$work/hosts.yml" <<HOSTS
+gpu_nodes:
+  hosts:
+    localhost:
+      ansible_connection: local
+      ansible_python_interpreter: $python
+      ansible_become: false
+HOSTS
+
+# A drift run compares and never fetches: the runfile is declared as an inventory declares it, and only its
+# version is compared with the node.
+runfile_url_base=http://mirror.invalid/nvidia
+placeholder_sha256=0000000000000000000000000000000000000000000000000000000000000000
+
+for name in real other; do
+  version="$real"; [ "$name" = other ] && version="$other"
+  echo "=== drift, declared driver $version"
+  GPUFLEET_DRIFT_REPORT_DIR="$work/$name" GPUFLEET_DRIFT_RUN_ID="device-$name" \
+    ansible-playbook --check -i "$work/hosts.yml" playbooks/drift.yml \
+    -e "{\"drift_layers\": [\"driver\", \"gpu_health\"], \"nvidia_driver_version\": \"$version\",
+         \"nvidia_driver_runfile\": {\"url\": \"$runfile_url_base/NVIDIA-Linux-x86_64-$version.run\",
+                                    \"sha256\": \"$placeholder_sha256\"}}" \
+    >"$outdir/drift-$name.txt" 2>&1
+  echo "rc=$?" >>"$outdir/drift-$name.txt"
+  tail -n 30 "$outdir/drift-$name.txt"
+  cp "$work/$name/report.json" "$outdir/drift-$name.json" 2>/dev/null
+  cp "$work/$name/report.md" "$outdir/drift-$name.md" 2>/dev/null
+done
+rm -rf "$work"

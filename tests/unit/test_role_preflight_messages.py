@@ -1,0 +1,54 @@
+"""A role's preflight names the input that is missing, also when it runs outside the role's main entry point.
+
+The drift layers load the roles' preflights with include_role tasks_from, which skips argument_specs: there,
+a required input that is not declared must give the preflight's own message, not an undefined-variable
+error. Run for real by ansible-playbook against this machine (connection local, nothing written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOK = """
+- hosts: localhost
+  connection: local
+  gather_facts: true
+  gather_subset: ["!all"]
+  tasks:
+    - ansible.builtin.include_role:
+        name: "{{ role_under_test }}"
+        tasks_from: preflight.yml
+"""
+
+
+def _run_preflight(tmp_path: Path, role: str, extra: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    book = tmp_path / "play.yml"
+    book.write_text(PLAYBOOK)
+    variables = {"role_under_test": role, "ansible_python_interpreter": str(REPO / ".venv/bin/python"), **extra}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", "--check", str(book),
+            "-e", json.dumps(variables)]
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize(
+    ("role", "extra", "message"),
+    [
+        ("nvidia_driver", {"nvidia_driver_version": "580.95.05"},
+         "nvidia_driver_runfile must be {url: ..., sha256: ...} or {path: ..., sha256: ...} (got nothing)"),
+        ("pyenv_python", {},
+         "pyenv_python_pyenv must be {version: X.Y.Z, url: <mirror URL of the tarball>, sha256: <64 hex>}; got nothing"),
+    ],
+)
+def test_missing_required_input_is_named(tmp_path: Path, role: str, extra: dict[str, object], message: str) -> None:
+    result = _run_preflight(tmp_path, role, extra)
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, output
+    assert message in output
+    assert "is undefined" not in output
