@@ -32,6 +32,7 @@ from urllib.parse import quote, unquote
 import yaml
 
 from gpufleet import PROJECT_ROOT
+from gpufleet.digests import sha256_file
 from gpufleet.errors import GpufleetError
 
 STACK_VARIABLE = "inference_venv_stack"
@@ -283,13 +284,6 @@ def read_lock(path: Path) -> Any:
 
 
 # --- the content-keyed cache --------------------------------------------------------------------------------
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def cached_file(cache: Path, entry: Any) -> Path | None:

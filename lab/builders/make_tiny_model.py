@@ -33,6 +33,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from gpufleet.digests import sha256_file  # noqa: E402
+
 PIN_FILE = REPO / "inventories" / "lab" / "group_vars" / "all" / "model.yml"
 MODEL_NAME = "tiny-qwen2"
 MIRROR_URL_PREFIX = "{{ gpufleet_mirror_url }}/"
@@ -70,13 +74,6 @@ def build_key() -> str:
     digest.update("\n".join(BUILDER_REQUIREMENTS).encode())
     return digest.hexdigest()[:16]
 
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def corpus_lines() -> list[str]:
@@ -211,11 +208,10 @@ def load_pin() -> tuple[str, str]:
 
 def publish(tarball: Path, mirror_path: str, sha256: str) -> str:
     """Copies the tarball onto the lab mirror unless an identical file is there; returns what it did."""
-    sys.path.insert(0, str(REPO))
     from gpufleet.lab import mirror
 
     published = mirror.mirror_dir() / mirror_path
-    if published.is_file() and sha256_of(published) == sha256:
+    if published.is_file() and sha256_file(published) == sha256:
         return f"/{mirror_path} already on the mirror"
     return f"published {mirror.publish(tarball, mirror_path)}"
 
@@ -232,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         mirror_path, pinned = load_pin()
         tarball = cached_tarball()
-        actual = sha256_of(tarball)
+        actual = sha256_file(tarball)
         if actual != pinned:
             raise PinError(f"{tarball.name} has sha256 {actual}, but {PIN_FILE.relative_to(REPO)} pins {pinned} "
                            "for tiny-qwen2; nothing was published")

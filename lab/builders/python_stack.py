@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import io
 import os
 import subprocess
@@ -33,6 +32,10 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from gpufleet.digests import sha256_file  # noqa: E402
+
 LAB_VARS = REPO / "inventories" / "lab" / "group_vars" / "all"
 KERNEL_SOURCE = REPO / "tests" / "fixtures" / "kernel_pkg"
 
@@ -75,13 +78,6 @@ def load_pins() -> dict[str, Pin]:
         "kernel": Pin(mirror_path_of(kernel["url"]), kernel["sha256"]),
     }
 
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def make_pyenv_tarball(checkout: Path, prefix: str, destination: Path) -> None:
@@ -132,7 +128,7 @@ def download(url: str, destination: Path) -> None:
 
 
 def check_pin(name: str, path: Path, pin: Pin) -> None:
-    actual = sha256_of(path)
+    actual = sha256_file(path)
     if actual != pin.sha256:
         raise BuildError(
             f"{name}: {path.name} has sha256 {actual}, but the lab inventory pins {pin.sha256} "
@@ -142,7 +138,7 @@ def check_pin(name: str, path: Path, pin: Pin) -> None:
 
 def published_matches(mirror_root: Path, pin: Pin) -> bool:
     target = mirror_root / pin.mirror_path
-    return target.is_file() and sha256_of(target) == pin.sha256
+    return target.is_file() and sha256_file(target) == pin.sha256
 
 
 def build_one(name: str, pin: Pin, workdir: Path, pyenv_checkout: Path, offline: bool) -> Path | None:

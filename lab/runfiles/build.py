@@ -32,6 +32,7 @@ PROJECT_ROOT = HERE.parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from gpufleet import simgpu  # noqa: E402
+from gpufleet.digests import sha256_file  # noqa: E402
 from gpufleet.errors import GpufleetError  # noqa: E402
 
 MIRROR_SUBDIR = "lab-standin"
@@ -66,13 +67,6 @@ class Runfile:
 def cache_root() -> Path:
     return Path(os.environ.get("GPUFLEET_CACHE") or "/var/cache/gpufleet")
 
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def makeself_header(workdir: Path) -> Path:
