@@ -75,7 +75,6 @@ def build_key() -> str:
     return digest.hexdigest()[:16]
 
 
-
 def corpus_lines() -> list[str]:
     """Deterministic training text: every word, and sentences cycling through the word list."""
     words = list(CORPUS_WORDS)

@@ -79,7 +79,6 @@ def load_pins() -> dict[str, Pin]:
     }
 
 
-
 def make_pyenv_tarball(checkout: Path, prefix: str, destination: Path) -> None:
     """`git archive` of the pinned commit, gzip without name or time stamp so the bytes are reproducible."""
     if not (checkout / ".git").exists():

@@ -68,7 +68,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("GPUFLEET_CACHE") or "/var/cache/gpufleet")
 
 
-
 def makeself_header(workdir: Path) -> Path:
     """Debian's makeself header, changed so unknown options go to the installer, as NVIDIA's runfiles do.
 
