@@ -25,15 +25,7 @@ from ansible.module_utils.drift_checks import (
     short_hash,
 )
 from ansible.module_utils.kernel_key import TORCH_PROBE, KernelKeyError, build_key, key_components, parse_nvcc_version
-from ansible.module_utils.nvml import (
-    Nvml,
-    NvmlDriverNotLoaded,
-    NvmlError,
-    NvmlLibraryNotFound,
-    NvmlVersionMismatch,
-    check_expectations,
-    read_gpu_state,
-)
+from ansible.module_utils.nvml import NvmlError, check_expectations, loaded_driver_state, read_gpu_state
 from ansible.module_utils.pip_lock import BOOTSTRAP_PACKAGES, LockError, canonical_name, diff_against_lock, parse_lock
 from ansible.module_utils.python_build import PROBE as PYTHON_PROBE
 from ansible.module_utils.python_build import PythonBuildError, configure_options, interpreter_path, mismatches
@@ -51,16 +43,8 @@ KERNEL_MARKERS = "gpufleet-kernels"
 
 def loaded_driver(library: str | None) -> tuple[str, str | None]:
     """(state, version) of the loaded driver, as nvidia_runfile sees it: NVML first, then /proc and /sys."""
-    kernel_version = loaded_driver_from_kernel()
     try:
-        with Nvml(library) as nvml:
-            return "loaded", nvml.driver_version()
-    except NvmlVersionMismatch:
-        return "mismatch", kernel_version
-    except NvmlDriverNotLoaded:
-        return "not_loaded", None
-    except NvmlLibraryNotFound:
-        return ("loaded", kernel_version) if kernel_version else ("no_library", None)
+        return loaded_driver_state(loaded_driver_from_kernel(), library)
     except NvmlError as error:
         raise CheckError(f"NVML cannot be read: {error}") from None
 

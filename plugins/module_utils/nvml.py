@@ -487,6 +487,24 @@ def read_gpu_state(library_path: str | None = None) -> dict[str, Any]:
         }
 
 
+def loaded_driver_state(kernel_version: str | None, library_path: str | None = None) -> tuple[str, str | None]:
+    """(state, version) of the loaded driver: NVML first (what CUDA sees), else the version the kernel reports.
+
+    state is one of loaded, not_loaded, mismatch (libraries newer or older than the loaded module), no_library
+    (no NVML to ask and no kernel_version). kernel_version is what /proc or /sys says, read by the caller.
+    Other NVML errors are raised.
+    """
+    try:
+        with Nvml(library_path) as nvml:
+            return "loaded", nvml.driver_version()
+    except NvmlVersionMismatch:
+        return "mismatch", kernel_version
+    except NvmlDriverNotLoaded:
+        return "not_loaded", None
+    except NvmlLibraryNotFound:
+        return ("loaded", kernel_version) if kernel_version else ("no_library", None)
+
+
 # ---- expectations --------------------------------------------------------------------------------
 
 EXPECT_KEYS = (

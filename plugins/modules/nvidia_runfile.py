@@ -218,6 +218,7 @@ log_tail:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvml import loaded_driver_state
 from ansible.module_utils.runfile import (
     DOWNGRADE,
     DRIVER_LOG,
@@ -241,33 +242,7 @@ from ansible.module_utils.runfile import (
     toolkit_release,
 )
 
-try:
-    # The NVML binding of the GPU-state work. Imported inside try so the module still runs where it is absent.
-    from ansible.module_utils.nvml import Nvml, NvmlDriverNotLoaded, NvmlLibraryNotFound, NvmlVersionMismatch
-except ImportError:
-    Nvml = None
-
 LOCALE_ENV = {"LANGUAGE": "C", "LC_ALL": "C"}
-
-
-def loaded_driver() -> tuple[str, str | None]:
-    """(state, version) of the driver kernel module: NVML first (what CUDA sees), then /proc and /sys.
-
-    state is one of loaded, not_loaded, mismatch (libraries newer or older than the loaded module),
-    no_library (no NVML to ask and nothing in /proc or /sys).
-    """
-    kernel_version = loaded_driver_from_kernel()
-    if Nvml is None:
-        return ("loaded", kernel_version) if kernel_version else ("no_library", None)
-    try:
-        with Nvml() as nvml:
-            return "loaded", nvml.driver_version()
-    except NvmlVersionMismatch:
-        return "mismatch", kernel_version
-    except NvmlDriverNotLoaded:
-        return "not_loaded", None
-    except NvmlLibraryNotFound:
-        return ("loaded", kernel_version) if kernel_version else ("no_library", None)
 
 
 def build_flags(params: dict, prefix: str | None) -> list[str]:
@@ -315,7 +290,7 @@ def unmanaged_install(module: AnsibleModule, kind: str, prefix: str | None) -> s
     Toolkit: a prefix whose bin/nvcc answers but that has no version.json; the release (X.Y) is returned.
     """
     if kind == "driver":
-        state, version = loaded_driver()
+        state, version = loaded_driver_state(loaded_driver_from_kernel())
         return version if state == "loaded" and version else None
     nvcc = os.path.join(prefix, "bin", "nvcc")
     if not os.path.exists(nvcc):
@@ -446,7 +421,7 @@ def main() -> None:
     if kind == "driver":
         # In check mode nothing was installed: the pending reboot is the one the host has now.
         on_disk = before if module.check_mode else result["installed"]
-        result["driver_state"], result["loaded"] = loaded_driver()
+        result["driver_state"], result["loaded"] = loaded_driver_state(loaded_driver_from_kernel())
         result["reboot_required"] = on_disk is not None and (
             result["driver_state"] != "loaded" or result["loaded"] != on_disk
         )
