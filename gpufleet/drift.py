@@ -18,11 +18,10 @@ from pathlib import Path
 from gpufleet import PROJECT_ROOT
 from gpufleet.errors import GpufleetError
 from gpufleet.report import FleetReport, ReportError, load_report
-from gpufleet.runner import ensure_ansible_on_path, runs_dir
+from gpufleet.runner import run_playbook, runs_dir
 
 # In provisioning order, as playbooks/drift.yml lists them; one file per layer in playbooks/drift/layers/.
 LAYERS = ("base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "serve", "proxy")
-PLAYBOOK = PROJECT_ROOT / "playbooks" / "drift.yml"
 REPORT_SUBDIR = "drift"
 RUN_SUFFIX = "-drift"
 NODE_GROUP = "gpu_nodes"
@@ -143,27 +142,19 @@ def new_run_id() -> str:
 def run_drift(inventory: Path, *, limit: str | None = None, layers: list[str] | None = None,
               extravars: dict | None = None, say: Callable[[str], None] = print) -> DriftRun:
     """Runs playbooks/drift.yml read-only against the inventory's nodes; the report is kept with the run."""
-    import ansible_runner  # imported here so `gpufleet --help` stays fast
-
-    if not inventory.exists():
-        raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
-    ensure_ansible_on_path()
     run_id = new_run_id()
     run_dir = runs_dir() / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
     report_dir = run_dir / REPORT_SUBDIR
-    runner = ansible_runner.run(
-        private_data_dir=str(run_dir),
-        project_dir=str(PROJECT_ROOT),
-        playbook=str(PLAYBOOK),
-        inventory=str(inventory.absolute()),  # not resolve(): group_vars sit beside a linked file
+    result = run_playbook(
+        "drift.yml",
+        inventory,
         limit=limit,
         # The play is check mode already; --check also sets ansible_check_mode, which the roles' preflights
         # read to accept a layer that is not built yet (drift_probe then reports it as missing).
-        cmdline="--check",
+        check=True,
         extravars={**(extravars or {}), **({"drift_layers": layers} if layers else {})},
+        run_id=run_id,
         envvars={
-            "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
             # ansible-runner replaces the callback path with its own: name ours again, and enable it.
             "ANSIBLE_CALLBACK_PLUGINS": str(PROJECT_ROOT / "plugins" / "callback"),
             "ANSIBLE_CALLBACKS_ENABLED": "gpufleet_drift",
@@ -174,7 +165,7 @@ def run_drift(inventory: Path, *, limit: str | None = None, layers: list[str] | 
         event_handler=Progress(say),
     )
     report = load_report(report_dir) if (report_dir / "report.json").is_file() else None
-    return DriftRun(run_id, run_dir, int(runner.rc), str(runner.status), report)
+    return DriftRun(run_id, run_dir, result.rc, result.status, report)
 
 
 def failure_reason(run: DriftRun) -> str:

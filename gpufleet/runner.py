@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,8 +63,15 @@ def run_playbook(
     diff: bool = False,
     extravars: dict | None = None,
     quiet: bool = False,
+    run_id: str | None = None,
+    envvars: dict[str, str] | None = None,
+    event_handler: Callable[[dict], bool] | None = None,
 ) -> PlaybookResult:
-    """Runs playbooks/<playbook> against `inventory`; the caller decides what a failure means."""
+    """Runs playbooks/<playbook> against `inventory`; the caller decides what a failure means.
+
+    The run's directory is runs_dir()/run_id (default: time, pid and the playbook's name); envvars are added
+    to the run's environment and event_handler sees each event as it happens (ansible-runner's own).
+    """
     import ansible_runner  # imported here so `gpufleet --help` stays fast
 
     playbook_path = PROJECT_ROOT / "playbooks" / playbook
@@ -72,7 +80,7 @@ def run_playbook(
     if not inventory.exists():
         raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
     ensure_ansible_on_path()
-    run_id = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
+    run_id = run_id or time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
     private_dir = runs_dir() / run_id
     private_dir.mkdir(parents=True, exist_ok=True)
     cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
@@ -85,8 +93,9 @@ def run_playbook(
         tags=tags,
         cmdline=cmdline or None,
         extravars=extravars or {},
-        envvars={"ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg")},
+        envvars={"ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"), **(envvars or {})},
         quiet=quiet,
+        event_handler=event_handler,
     )
     return PlaybookResult(
         rc=int(runner.rc),
