@@ -9,13 +9,21 @@ reboot with nvidia_driver_reboot: never. The host is left clean afterwards.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from test_driver_support import FAIL_MARKER, PlayRun, boot_id, play, publish_standins, sh
+from test_driver_support import (
+    FAIL_MARKER,
+    PlayRun,
+    boot_id,
+    play,
+    publish_standins,
+    runfile_test_host,
+    runfile_test_inventory,
+    sh,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -33,19 +41,12 @@ systemctl daemon-reload
 
 @pytest.fixture(scope="module")
 def inventory(lab_inventory: Path) -> Path:
-    """The lab inventory (GPUFLEET_RUNFILE_TEST_INVENTORY may point at another lab's, with the same group_vars)."""
-    return Path(os.environ.get("GPUFLEET_RUNFILE_TEST_INVENTORY") or lab_inventory)
+    return runfile_test_inventory(lab_inventory)
 
 
 @pytest.fixture(scope="module")
 def host(inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[str]:
-    """The last lab host, cleaned before and after the scenario; the stand-ins published first."""
-    name = os.environ.get("GPUFLEET_RUNFILE_TEST_HOST") or sorted(lab_hosts)[-1]
-    publish_standins()
-    rc, text = sh(inventory, name, CLEAN)
-    assert rc == 0, text
-    yield name
-    sh(inventory, name, CLEAN)
+    yield from runfile_test_host(inventory, lab_hosts, CLEAN)
 
 
 def driver_on_disk(inventory: Path, host: str) -> str:

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,3 +82,19 @@ def boot_id(inventory: Path, host: str) -> str:
     rc, text = sh(inventory, host, "cat /proc/sys/kernel/random/boot_id")
     assert rc == 0, text
     return text.strip()
+
+
+def runfile_test_inventory(lab_inventory: Path) -> Path:
+    """The lab inventory (GPUFLEET_RUNFILE_TEST_INVENTORY may point at another lab's, with the same group_vars)."""
+    return Path(os.environ.get("GPUFLEET_RUNFILE_TEST_INVENTORY") or lab_inventory)
+
+
+def runfile_test_host(inventory: Path, lab_hosts: dict[str, dict], clean: str) -> Iterator[str]:
+    """The last lab host (or GPUFLEET_RUNFILE_TEST_HOST), cleaned by the script `clean` before and after the
+    scenario; the stand-ins published first."""
+    name = os.environ.get("GPUFLEET_RUNFILE_TEST_HOST") or sorted(lab_hosts)[-1]
+    publish_standins()
+    rc, text = sh(inventory, name, clean)
+    assert rc == 0, text
+    yield name
+    sh(inventory, name, clean)

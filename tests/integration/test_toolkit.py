@@ -7,13 +7,20 @@ left clean afterwards.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from test_driver_support import FAIL_MARKER, PlayRun, play, publish_standins, sh
+from test_driver_support import (
+    FAIL_MARKER,
+    PlayRun,
+    play,
+    publish_standins,
+    runfile_test_host,
+    runfile_test_inventory,
+    sh,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -27,17 +34,12 @@ ldconfig
 
 @pytest.fixture(scope="module")
 def inventory(lab_inventory: Path) -> Path:
-    return Path(os.environ.get("GPUFLEET_RUNFILE_TEST_INVENTORY") or lab_inventory)
+    return runfile_test_inventory(lab_inventory)
 
 
 @pytest.fixture(scope="module")
 def host(inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[str]:
-    name = os.environ.get("GPUFLEET_RUNFILE_TEST_HOST") or sorted(lab_hosts)[-1]
-    publish_standins()
-    rc, text = sh(inventory, name, CLEAN)
-    assert rc == 0, text
-    yield name
-    sh(inventory, name, CLEAN)
+    yield from runfile_test_host(inventory, lab_hosts, CLEAN)
 
 
 def toolkit(inventory: Path, host: str, *args: str, **extra: object) -> PlayRun:
