@@ -45,10 +45,23 @@ TABLES = {
         ("distribution", "vllm_version", "requires_python", "wheel_python_tags", "torch_req",
          "torch_pin", "default_wheel_cuda", "cuda_confidence", "metadata_source", "cuda_source"),
     ),
+    "vllm_companions": (
+        "vllm_companions.csv",
+        ("distribution", "vllm_version", "companion", "requirement", "pin", "requires_python", "python_tags",
+         "source"),
+    ),
+    "cuda_components": (
+        "cuda_components.csv",
+        ("component_version", "component", "cuda_version", "cuda_release", "source"),
+    ),
     "flash_attn": (
         "flash_attn.csv",
         ("version", "requires_python", "build_facts", "nvcc_floor", "documented_cuda_min",
          "documented_torch_min", "sass_targets", "turing_supported", "source"),
+    ),
+    "cpython": (
+        "cpython.csv",
+        ("version", "tarball", "sha256", "default_for_minor", "source"),
     ),
     "rules": (
         "rules.csv",
