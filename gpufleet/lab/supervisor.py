@@ -38,6 +38,9 @@ def host_paths(host_dir: Path) -> dict[str, Path]:
     }
 
 
+NSPAWN_ENVIRONMENT = {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
+
+
 def nspawn_command(name: str, rootfs: Path, netns_path: str) -> list[str]:
     return [
         "systemd-nspawn",
@@ -50,6 +53,10 @@ def nspawn_command(name: str, rootfs: Path, netns_path: str) -> list[str]:
         # stdin is not a terminal: copy the console to the log, take no input.
         "--console=read-only",
         "--link-journal=no",
+        # With bpf() (nspawn's seccomp filter refuses it by default) and the unified cgroup hierarchy
+        # (NSPAWN_ENVIRONMENT), the container's systemd enforces DevicePolicy=/DeviceAllow= and IPAddressDeny=;
+        # on this hybrid host nspawn otherwise gives it read-only v1 controllers and they are silently not applied.
+        "--system-call-filter=bpf",
     ]
 
 
@@ -75,7 +82,8 @@ class Supervisor:
     def run_once(self) -> int:
         """Boots the host once and returns nspawn's exit status."""
         with self.paths["console_log"].open("ab") as console:
-            self.child = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=console, stderr=console)
+            self.child = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=console, stderr=console,
+                                          env={**os.environ, **NSPAWN_ENVIRONMENT})
         write_pid_file(self.paths["nspawn_pid"], self.child.pid)
         self.log(f"started systemd-nspawn pid {self.child.pid}")
         return self.wait_child()

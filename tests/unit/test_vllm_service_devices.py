@@ -1,0 +1,118 @@
+"""The vllm@ unit, rendered by Ansible from the role's template and defaults, can open every GPU node of the
+real H200: its DeviceAllow= rules are resolved against the H200's /proc/devices (tests/fixtures), the way
+systemd resolves them when an instance starts. The unit of before issue 11 (char-nvidia-frontend, a class
+today's open kernel modules do not register) fails this test with /dev/nvidia0 and /dev/nvidiactl denied.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gpufleet import PROJECT_ROOT
+from systemd_devices import denied_nodes, device_rules, listed_nodes
+
+ROLE = PROJECT_ROOT / "roles" / "vllm_service"
+UNIT_TEMPLATE = ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.j2"
+ENV_TEMPLATE = ROLE / "templates" / "etc" / "vllm" / "instance.env.j2"
+H200 = (PROJECT_ROOT / "tests" / "fixtures" / "h200-proc-devices").read_text()
+INSTANCE = {"name": "main", "model": "/var/lib/gpufleet/models/m", "port": 8000, "gpus": [0]}
+# The instance as the role's tasks see it: every key filled in from the defaults.
+FIRST = "{{ __vllm_service_instances[0] }}"
+
+
+def render(template: Path, **extra: object) -> str:
+    """The template rendered by `ansible -m template` with the role's defaults and vars (extra vars win)."""
+    with tempfile.TemporaryDirectory(prefix="gpufleet-render-") as tree:
+        variables = Path(tree) / "extra.json"
+        variables.write_text(json.dumps(extra))
+        out = Path(tree) / "out"
+        command = [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", "template",
+                   "-a", f"src={template} dest={out} mode=0600",
+                   "-e", f"@{ROLE / 'defaults' / 'main.yml'}", "-e", f"@{ROLE / 'vars' / 'main.yml'}",
+                   "-e", f"@{variables}"]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, check=False)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        return out.read_text()
+
+
+def test_the_fixture_holds_every_gpu_node_of_the_capture() -> None:
+    paths = [node.path for node in listed_nodes(H200)]
+    assert paths == ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                     "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]
+
+
+def test_rendered_unit_allows_every_h200_gpu_node() -> None:
+    unit = render(UNIT_TEMPLATE, vllm_service_instances=[INSTANCE])
+    policy, rules = device_rules(unit)
+    assert policy == "closed" and rules
+    assert [node.path for node in denied_nodes(unit, H200, listed_nodes(H200))] == []
+
+
+def test_rendered_unit_denies_what_cuda_does_not_open() -> None:
+    # NVSwitch and NVLink management nodes (fabric manager's) stay closed, and so does an unknown major.
+    unit = render(UNIT_TEMPLATE, vllm_service_instances=[INSTANCE])
+    others = listed_nodes("crw-rw-rw- 1 root root 239, 0 /dev/nvidia-nvswitchctl\n"
+                          "crw-rw-rw- 1 root root 240, 0 /dev/nvidia-nvlink\n"
+                          "crw-rw-rw- 1 root root 200, 0 /dev/other\n")
+    assert [node.path for node in denied_nodes(unit, H200, others)] == [
+        "/dev/nvidia-nvswitchctl", "/dev/nvidia-nvlink", "/dev/other"]
+
+
+@pytest.mark.parametrize("registered", ["195 nvidia-frontend\n238 nvidia-uvm\n",
+                                        "195 nvidia\n195 nvidiactl\n511 nvidia-uvm\n"],
+                         ids=["proprietary-before-r560", "open-module-other-uvm-major"])
+def test_rendered_unit_allows_gpus_of_other_driver_branches(registered: str) -> None:
+    unit = render(UNIT_TEMPLATE, vllm_service_instances=[INSTANCE])
+    uvm = int(registered.splitlines()[-1].split()[0])
+    nodes = listed_nodes(f"crw-rw-rw- 1 root root 195, 0 /dev/nvidia0\ncrw-rw-rw- 1 root root 195, 255 /dev/nvidiactl\n"
+                         f"crw-rw-rw- 1 root root {uvm}, 0 /dev/nvidia-uvm\n")
+    assert denied_nodes(unit, "Character devices:\n" + registered, nodes) == []
+
+
+def test_unit_orders_after_the_device_nodes_and_the_driver_daemons_and_limits_starts() -> None:
+    unit = render(UNIT_TEMPLATE, vllm_service_instances=[INSTANCE])
+    lines = unit.splitlines()
+    assert "Requires=vllm-nvidia-devices.service" in lines
+    after = next(line for line in lines if line.startswith("After=")).split("=", 1)[1].split()
+    assert {"vllm-nvidia-devices.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service"} <= set(after)
+    # Five starts within five slowest allowed starts (health timeout 1800 s + RestartSec 10 s).
+    assert "StartLimitBurst=5" in lines and "StartLimitIntervalSec=9050" in lines
+
+
+def _env(text: str) -> dict[str, str]:
+    return {key: value.strip('"') for key, _, value in
+            (line.partition("=") for line in text.splitlines() if line and not line.startswith("#"))}
+
+
+def test_collectives_stay_on_loopback_when_only_loopback_is_allowed() -> None:
+    env = _env(render(ENV_TEMPLATE, vllm_service_instances=[INSTANCE], vllm_service_instance=FIRST,
+                      vllm_service_ip_address_allow=["localhost"]))
+    assert {key: env.get(key) for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE",
+                                          "VLLM_HOST_IP")} == {
+        "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+@pytest.mark.parametrize("allow", [[], ["localhost", "10.0.0.0/8"]], ids=["all-allowed", "a-real-network"])
+def test_collectives_keep_their_interface_when_the_network_is_allowed(allow: list[str]) -> None:
+    env = _env(render(ENV_TEMPLATE, vllm_service_instances=[INSTANCE], vllm_service_instance=FIRST,
+                      vllm_service_ip_address_allow=allow))
+    assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
+
+
+def test_instance_memory_limit_is_its_share_of_the_node_unless_overridden() -> None:
+    dropin = ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.d" / "gpufleet.conf.j2"
+    # 2 instances on a node of 24000 MiB: 0.9 x 24000 / 2 = 10800 MiB each, throttled from 90 % of it.
+    two = [INSTANCE, {**INSTANCE, "name": "b", "port": 8001, "gpus": [1]}]
+    lines = render(dropin, vllm_service_instances=two, vllm_service_instance=FIRST,
+                   ansible_facts={"memtotal_mb": 24000}).splitlines()
+    assert "MemoryMax=10800M" in lines and "MemoryHigh=9720M" in lines
+    override = {**INSTANCE, "unit_overrides": {"MemoryMax": "64G"}}
+    lines = render(dropin, vllm_service_instances=[override], vllm_service_instance=FIRST,
+                   ansible_facts={"memtotal_mb": 24000}).splitlines()
+    assert "MemoryMax=64G" in lines and "MemoryHigh=19440M" in lines
