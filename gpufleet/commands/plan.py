@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import compat
+from gpufleet.stack_file import load_stack_file
 
 INCOMPATIBLE_EXIT_CODE = 2
 
@@ -34,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    stack = compat.read_stack_file(args.stack)
+    stack = load_stack_file(args.stack)
     kb = compat.load_knowledge_base(args.kb_dir)
     report = compat.stack_chain().validate_stack(stack, kb)
     document = plan_document(args.stack, kb, report)
