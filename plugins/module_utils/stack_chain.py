@@ -43,14 +43,14 @@ _VERSION_RE = re.compile(
     r"(?:[-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?(\d*))?"
     r"(?:-(\d+)|[-_.]?(?:post|rev|r)[-_.]?(\d*))?"
     r"(?:[-_.]?(dev)[-_.]?(\d*))?"
-    r"(?:\+([0-9A-Za-z.]+))?$", re.IGNORECASE)
+    r"(?:\+([0-9A-Za-z.]+))?$", re.IGNORECASE | re.ASCII)
 _PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
-_DRIVER_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
-_CUDA_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
-_VARIANT_RE = re.compile(r"^(?:cu(\d{3,4})|cpu)$")
-_SM_RE = re.compile(r"^(?:sm|compute)_(\d+)([a-z]?)$")
-_CC_RE = re.compile(r"^(\d+)\.(\d+)$")
-_SPEC_RE = re.compile(r"^(~=|==|!=|<=|>=|<|>)\s*([0-9][0-9A-Za-z.*+]*)$")
+_DRIVER_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$", re.ASCII)
+_CUDA_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$", re.ASCII)
+_VARIANT_RE = re.compile(r"^(?:cu(\d{3,4})|cpu)$", re.ASCII)
+_SM_RE = re.compile(r"^(?:sm|compute)_(\d+)([a-z]?)$", re.ASCII)
+_CC_RE = re.compile(r"^(\d+)\.(\d+)$", re.ASCII)
+_SPEC_RE = re.compile(r"^(~=|==|!=|<=|>=|<|>)\s*([0-9][0-9A-Za-z.*+]*)$", re.ASCII)
 
 
 class StackError(ValueError):
@@ -240,7 +240,7 @@ def normalize_stack(raw) -> dict:
         "gpu": _gpu_list(raw["gpu"]),
         "driver": _optional_string(raw, "driver", _DRIVER_RE, "580.95.05"),
         "cuda": _optional_string(raw, "cuda", _CUDA_RE, "12.8"),
-        "python": _required_string(raw, "python", re.compile(r"^3\.\d+(?:\.\d+)?$"), "3.12"),
+        "python": _required_string(raw, "python", re.compile(r"^3\.\d+(?:\.\d+)?$", re.ASCII), "3.12"),
         "torch": _required_string(raw, "torch", _VERSION_RE, "2.11.0"),
         "torch_variant": _required_string(raw, "torch_variant", _VARIANT_RE, "cu130"),
         "vllm": _optional_string(raw, "vllm", _VERSION_RE, "0.26.0"),
@@ -410,8 +410,10 @@ def validate_stack(stack: dict, kb: dict) -> dict:
     report = Report()
     resolved_gpus = _check_gpus(index, report, stack)
     # A node lists each of its GPUs; the links only need each distinct model once.
-    gpus = [gpu for number, gpu in enumerate(resolved_gpus)
-            if (gpu["label"], gpu["cc"]) not in [(seen["label"], seen["cc"]) for seen in resolved_gpus[:number]]]
+    distinct = {}
+    for gpu in resolved_gpus:
+        distinct.setdefault((gpu["label"], gpu["cc"]), gpu)
+    gpus = list(distinct.values())
     torch_row = _check_torch(index, report, stack, gpus)
     _check_driver_links(index, report, stack, gpus)
     _check_toolkit(index, report, stack, gpus)
@@ -430,6 +432,7 @@ def validate_stack(stack: dict, kb: dict) -> dict:
 def _check_gpus(index: _Index, report: Report, stack: dict) -> list:
     """Resolve GPU entries; unknown ones are errors. Also the GPU -> driver floors."""
     gpus = []
+    seen = set()
     for entry in stack["gpu"]:
         gpu = index.resolve_gpu(entry)
         if gpu is None or gpu["cc_row"] is None:
@@ -438,8 +441,9 @@ def _check_gpus(index: _Index, report: Report, stack: dict) -> list:
             continue
         gpu["entry"] = entry
         gpus.append(gpu)
-        if any((seen["label"], seen["cc"]) == (gpu["label"], gpu["cc"]) for seen in gpus[:-1]):
+        if (gpu["label"], gpu["cc"]) in seen:
             continue
+        seen.add((gpu["label"], gpu["cc"]))
         cc_row, row = gpu["cc_row"], gpu["row"]
         report.fact("cc:" + gpu["cc"], "compute capability %s (sm_%s, %s) needs CUDA >= %s to compile for it"
                     % (gpu["cc"], cc_row["sm"].replace("sm_", ""), cc_row["architecture"], cc_row["min_cuda"]),
