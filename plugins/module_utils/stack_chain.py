@@ -62,7 +62,7 @@ class StackError(ValueError):
 
 
 def version_key(text: str) -> tuple:
-    """A PEP 440 sort key (local part ignored): 0.10.0.dev1 < 0.10.0rc1 < 0.10.0 < 0.10.0.post1 < 0.10.1;
+    """A PEP 440 sort key: 0.10.0.dev1 < 0.10.0rc1 < 0.10.0 < 0.10.0+cpu < 0.10.0.post1 < 0.10.1;
     also for drivers and toolkits (580.159.04, 13.0.2), where only the release part is present."""
     match = _VERSION_RE.match(str(text).strip())
     if not match:
@@ -80,7 +80,21 @@ def version_key(text: str) -> tuple:
     else:
         pre_key = (3, 0)
     dev_key = (0, int(dev_n or 0)) if dev else (1, 0)
-    return (tuple(numbers), pre_key, post, dev_key)
+    return (tuple(numbers), pre_key, post, dev_key, _local_key(match.group(8)))
+
+
+def _local_key(local) -> tuple:
+    """PEP 440: a local part sorts after none; numeric segments compare as numbers, above text ones."""
+    if not local:
+        return ()
+    return tuple((1, int(part), "") if part.isdigit() else (0, 0, part.lower())
+                 for part in re.split(r"[._-]", local))
+
+
+def _is_pre_or_post(text: str, operator: str) -> bool:
+    """For '<': a pre-release (or dev release) of its release; for '>': a post-release."""
+    key = version_key(text)
+    return key[1] != (3, 0) or key[3] != (1, 0) if operator == "<" else key[2] >= 0
 
 
 def _release(text: str) -> list:
@@ -122,7 +136,12 @@ def _clause_allows(operator: str, bound: str, version: str) -> bool:
         prefix = bound[:-2]
         same = version == prefix or version.startswith(prefix + ".")
         return same if operator == "==" else not same
+    if "+" not in bound:
+        version = base_version(version)  # a specifier without a local part ignores the candidate's
     have, want = version_key(version), version_key(bound)
+    if operator in ("<", ">") and have[0] == want[0] and _is_pre_or_post(version, operator) \
+            and not _is_pre_or_post(bound, operator):
+        return False  # PEP 440: <3.15 excludes 3.15.0rc1, >2.8 excludes 2.8.post1
     if operator == "~=":
         # ~=X.Y means >=X.Y, ==X.*; ~=X.Y.Z means >=X.Y.Z, ==X.Y.*
         prefix = _release(bound)[:-1]
@@ -500,7 +519,7 @@ def _check_torch(index: _Index, report: Report, stack: dict, gpus: list):
         return row
     torch_cuda = variant_cuda(variant)
     for gpu in gpus:
-        _check_cuda_covers_gpu(report, gpu, torch_cuda, "torch %s+%s" % (version, variant),
+        _check_binary_covers_gpu(index, report, gpu, torch_cuda, "torch %s+%s" % (version, variant),
                                "choose a torch variant with CUDA >= %s" % gpu["cc_row"]["min_cuda"])
     _check_arch_list(index, report, version, variant, gpus)
     return row
@@ -535,11 +554,34 @@ def _check_torch_variant(index: _Index, report: Report, stack: dict, row: dict) 
 
 
 def _check_cuda_covers_gpu(report: Report, gpu: dict, cuda: str, what: str, fix: str) -> None:
-    """The CUDA a binary was built with must be new enough to contain code for the GPU's arch."""
+    """The CUDA a toolkit compiles with must be new enough to target the GPU's arch."""
     need = gpu["cc_row"]["min_cuda"]
     if version_key(cuda) < version_key(need):
         report.error("gpu -> cuda", "%s (sm_%s, %s) needs CUDA >= %s to compile for it; %s uses CUDA %s — %s"
                      % (gpu["label"], gpu["cc"].replace(".", ""), gpu["cc_row"]["architecture"], need, what, cuda, fix))
+
+
+def _check_binary_covers_gpu(index: _Index, report: Report, gpu: dict, cuda: str, what: str, fix: str) -> None:
+    """A prebuilt binary (torch, vLLM) runs on the GPU when its CUDA could compile for the GPU's arch or for an
+    older arch of the same major (cubins run on a higher minor: sm_100 code on a 10.3 B300)."""
+    native = gpu["cc_row"]["min_cuda"]
+    if version_key(cuda) >= version_key(native):
+        return
+    oldest = _oldest_same_major(index, gpu["cc"])
+    if oldest is None or version_key(cuda) < version_key(oldest["min_cuda"]):
+        _check_cuda_covers_gpu(report, gpu, cuda, what, fix)
+        return
+    index.rule(report, "cubin_same_major")
+    report.warn("gpu -> cuda", "%s uses CUDA %s, older than CUDA %s, the first to compile for %s (sm_%s): it can "
+                "run only code built for %s (same major) on it" % (what, cuda, native, gpu["label"],
+                                                                   gpu["cc"].replace(".", ""), oldest["sm"]))
+
+
+def _oldest_same_major(index: _Index, cc: str):
+    """The compute-capability row of the lowest minor of `cc`'s major (10.0 for 10.3)."""
+    major, minor = _cc_tuple(cc)
+    rows = [row for key, row in index.ccs.items() if _cc_tuple(key)[0] == major and _cc_tuple(key)[1] <= minor]
+    return min(rows, key=lambda row: _cc_tuple(row["compute_capability"])) if rows else None
 
 
 def _check_arch_list(index: _Index, report: Report, version: str, variant: str, gpus: list) -> None:
@@ -771,7 +813,7 @@ def _check_vllm_cuda(index: _Index, report: Report, stack: dict, row: dict, gpus
                     "major, so vllm._C loads, but its kernels need a driver for CUDA %s"
                     % (package, version, wheel_cuda, variant, torch_cuda, wheel_cuda))
     for gpu in gpus:
-        _check_cuda_covers_gpu(report, gpu, wheel_cuda, "%s %s" % (package, version),
+        _check_binary_covers_gpu(index, report, gpu, wheel_cuda, "%s %s" % (package, version),
                                "choose a vLLM built with CUDA >= %s" % gpu["cc_row"]["min_cuda"])
     if stack["driver"] is not None:
         driver_runs_cuda(index, report, stack["driver"], wheel_cuda, "%s %s (wheel built with CUDA %s)"
@@ -893,6 +935,8 @@ def normalize_host_facts(facts: dict) -> dict:
         "torch_cuda": None if torch_cuda is None else str(torch_cuda),
         "torch_arch_list": [str(item) for item in (facts.get("torch_arch_list") or [])],
         "nvcc_version": nvcc_release,
+        # False before the venv layer has run: torch is then not compared with the stack.
+        "torch_installed": facts.get("torch_installed") is not False,
     }
 
 
@@ -986,8 +1030,11 @@ def _host_vs_stack(index: _Index, report: Report, facts: dict, stack: dict) -> N
     if stack["driver"] and facts["driver_version"] and stack["driver"] != facts["driver_version"]:
         report.error("stack -> host", "the host runs driver %s but the stack declares %s — install driver %s or update "
                      "the stack" % (facts["driver_version"], stack["driver"], stack["driver"]))
+    if stack["cuda"] and facts["driver_version"]:
+        driver_runs_cuda(index, report, facts["driver_version"], stack["cuda"], "the stack's CUDA toolkit",
+                         "driver -> cuda", "install a driver for CUDA %s" % stack["cuda"], holder="the host runs")
     declared_cuda = variant_cuda(stack["torch_variant"])
-    if declared_cuda != facts["torch_cuda"]:
+    if facts["torch_installed"] and declared_cuda != facts["torch_cuda"]:
         report.error("stack -> host", "the host's torch is built with CUDA %s but the stack declares torch_variant %s — "
                      "reinstall torch+%s" % (facts["torch_cuda"] or "none (CPU build)", stack["torch_variant"],
                                              stack["torch_variant"]))

@@ -106,6 +106,30 @@ def test_unknown_versions_exit_2_and_say_so(tmp_path, overrides, needle):
     assert needle in result.stdout
 
 
+# The posts the project started from install cuda_12.1.105_530.30.02_linux.run: 12.1.105 is cudart's version
+# inside CUDA 12.1 Update 1, whose runfile is cuda_12.1.1_530.30.02_linux.run (NVIDIA's 12.1.1 release notes).
+SEED_STACK = {"gpu": ["NVIDIA H100 80GB HBM3"], "driver": "530.30.02", "cuda": "12.1.105", "python": "3.11",
+              "torch": "2.3.1", "torch_variant": "cu121", "vllm": "0.5.3"}
+
+
+def test_plan_names_the_toolkit_release_of_the_seed_stack(tmp_path):
+    result = gpufleet("plan", "--stack", str(write_stack(tmp_path, SEED_STACK)))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert ("[cuda] CUDA 12.1.105 is not a toolkit release: 12.1.105 is the version of CUDA Runtime (cudart) inside "
+            "CUDA 12.1 Update 1 (toolkit 12.1.1, runfile cuda_12.1.1_530.30.02_linux.run)") in result.stdout
+    assert "docs.nvidia.com/cuda/archive/12.1.1/cuda-toolkit-release-notes" in result.stdout
+    fixed = gpufleet("plan", "--stack", str(write_stack(tmp_path, dict(SEED_STACK, cuda="12.1.1"))))
+    assert fixed.returncode == 0 and "COMPATIBLE: 0 error(s)" in fixed.stdout, fixed.stdout
+
+
+def test_plan_refuses_a_python_that_a_companion_excludes(tmp_path):
+    """vllm 0.26.0 pins torchvision 0.26.0, whose METADATA says Requires-Python >=3.10,!=3.14.1."""
+    result = gpufleet("plan", "--stack", str(write_stack(tmp_path, dict(GOOD_STACK, python="3.14.1"))))
+    assert result.returncode == 2
+    assert "[python -> torchvision] torchvision 0.26.0 (pinned by vllm 0.26.0) requires Python >=3.10,!=3.14.1" \
+        in result.stdout
+
+
 def test_missing_stack_file_is_one_line(tmp_path):
     result = gpufleet("plan", "--stack", str(tmp_path / "absent.yml"))
     assert result.returncode == 2
@@ -150,12 +174,21 @@ def run_playbook(tmp_path: Path, playbook: Path, inventory: dict, *extra: str) -
     return PlaybookRun(runner.rc, results)
 
 
+# What the knowledge base cannot know, as an inventory supplies it once: the mirror and the driver runfiles' sha256.
+ARTIFACT_VARS = {
+    "gpufleet_mirror_url": "https://mirror.invalid/gpufleet",
+    "gpufleet_artifact_sha256": {f"NVIDIA-Linux-x86_64-{driver}.run": "ab" * 32
+                                 for driver in ("580.159.04", "580.95.05", "570.124.06")}
+                                | {"pyenv-2.6.30.tar.gz": "cd" * 32},
+}
+
+
 def host_inventory(stacks: dict) -> dict:
     hosts = {}
     for name, declared in stacks.items():
         hosts[name] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                       "gpufleet_stack": declared}
-    return {"all": {"hosts": hosts}}
+                       "gpufleet_stack": declared, **ARTIFACT_VARS}
+    return {"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}
 
 
 def task_results(run: PlaybookRun, task_name_start: str) -> dict:
@@ -193,11 +226,11 @@ def test_preflight_alone_with_good_stacks_succeeds(tmp_path):
 
 
 def test_preflight_without_a_declared_stack_fails_clearly(tmp_path):
-    inventory = {"all": {"hosts": {"node": {"ansible_connection": "local"}}}}
+    inventory = {"all": {"children": {"gpu_nodes": {"hosts": {"node": {"ansible_connection": "local"}}}}}}
     result = run_playbook(tmp_path, PROJECT_ROOT / "playbooks" / "preflight.yml", inventory)
     assert result.rc == 2
     hosts = task_results(result, "Validate gpufleet_stack")
-    assert "set gpufleet_stack in the inventory" in hosts["node"]["msg"]
+    assert "no gpufleet_stack is declared for this host: declare one per GPU class" in hosts["node"]["msg"]
 
 
 def test_preflight_with_a_malformed_stack_fails_clearly(tmp_path):

