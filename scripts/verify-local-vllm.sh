@@ -281,6 +281,8 @@ used, total = (int(field.split()[0]) for field in memory_row.split(",")[:2])
 log = (outdir / "vllm.log").read_text(errors="replace")
 kv = re.search(r"Available KV cache memory: ([0-9.]+) GiB", log)
 print(json.dumps({
+    "model_stage_changed": [(outdir / f"{name}.txt").read_text().count('"changed": true')
+                            for name in ("model-stage", "model-stage-rerun")],
     "time_to_healthy_s": since_start, "health_probe_waited_s": health["waited_s"],
     "warmup": classes("warmup"), "steady": classes("steady"),
     "gpu_memory_used_mib": used, "gpu_memory_total_mib": total, "gpu_memory_used_share": round(used / total, 4),
