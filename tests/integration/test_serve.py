@@ -237,6 +237,80 @@ def api_key_absent(text: str, lab: ServedLab) -> bool:
     return not any(secret in text for secret in (lab.api_key, lab.vllm_key, lab.metrics_token))
 
 
+# --- proxy hardening ----------------------------------------------------------------------------------------------
+
+
+def openssl_handshake(address: str, protocol: str) -> str:
+    """The protocol `openssl s_client` negotiated with the proxy when offering only `protocol`, or ''."""
+    result = subprocess.run(["openssl", "s_client", "-connect", f"{address}:443", f"-{protocol}",
+                             "-CAfile", str(CACHE / "lab-tls" / "ca.crt")],
+                            input="", capture_output=True, text=True, timeout=30, check=False)
+    match = re.search(r"^\s*Protocol\s*:\s*(\S+)", result.stdout, re.M)
+    return match.group(1) if match and result.returncode == 0 else ""
+
+
+def curl_statuses(address: str, count: int, key: str | None = None) -> list[int]:
+    """`count` sequential requests to /v1/models with curl (headers as a real client sends them)."""
+    header = ["-H", f"Authorization: Bearer {key}"] if key else []
+    command = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}\n", "--cacert", str(CACHE / "lab-tls" / "ca.crt")]
+    for _ in range(count - 1):
+        command += [*header, f"https://{address}/v1/models", "--next", "-s", "-o", "/dev/null", "-w",
+                    "%{http_code}\n", "--cacert", str(CACHE / "lab-tls" / "ca.crt")]
+    command += [*header, f"https://{address}/v1/models"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    return [int(line) for line in result.stdout.split()]
+
+
+def test_proxy_offers_tls_12_and_13_only(served_lab: ServedLab) -> None:
+    address = served_lab.addresses[served_lab.first]
+    offered = {protocol: openssl_handshake(address, protocol) for protocol in ("tls1_1", "tls1_2", "tls1_3")}
+    print(f"openssl s_client against {address}:443: {offered}")
+    assert offered == {"tls1_1": "", "tls1_2": "TLSv1.2", "tls1_3": "TLSv1.3"}
+
+
+@pytest.mark.parametrize("port, path", [(443, "/v1/models"), (9443, "/metrics/main")])
+def test_no_version_banner_and_hsts_also_on_401(served_lab: ServedLab, port: int, path: str) -> None:
+    address = served_lab.addresses[served_lab.first]
+    result = subprocess.run(["curl", "-s", "-D", "-", "-o", "/dev/null", "--cacert", str(CACHE / "lab-tls" / "ca.crt"),
+                             f"https://{address}:{port}{path}"], capture_output=True, text=True, timeout=30, check=True)
+    headers = dict(line.split(": ", 1) for line in result.stdout.lower().splitlines()[1:] if ": " in line)
+    print(f"{address}:{port}{path} without a key: {result.stdout.splitlines()[0]}, {headers}")
+    assert result.stdout.split()[1] == "401"
+    assert headers["server"] == "nginx" and headers["strict-transport-security"] == "max-age=63072000"
+
+
+def test_key_guessing_is_rate_limited_apart_from_the_keys_bucket(served_lab: ServedLab) -> None:
+    address = served_lab.addresses[served_lab.first]
+    guesses = curl_statuses(address, 40, "x" * 40)
+    # Same client address, a valid key: its own bucket, not the one the guesses emptied.
+    keyed = curl_statuses(address, 5, served_lab.api_key)
+    print(f"40 guessed keys: {guesses.count(401)} x 401, {guesses.count(429)} x 429; then the real key: {keyed}")
+    assert guesses.count(429) >= 10 and set(guesses) == {401, 429}
+    assert keyed == [200] * 5
+    time.sleep(3)  # let the buckets drain for the next tests
+
+
+def test_a_config_nginx_rejects_leaves_the_live_one_serving(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    host = served_lab.first
+    live = ["/etc/nginx/conf.d/gpufleet-inference.conf", "/etc/nginx/tls/gpufleet-inference.crt"]
+    before = ansible(host, "ansible.builtin.command", f"sha256sum {' '.join(live)}")[host]["stdout"]
+    # The CA's certificate does not match the node's key: nginx -t refuses the staged set.
+    command = [str(BIN / "ansible-playbook"), "-i", str(served_lab.inventory), "--limit", host,
+               "-e", f"inference_proxy_tls_cert_src={CACHE / 'lab-tls' / 'ca.crt'}",
+               str(PROJECT_ROOT / "playbooks" / "proxy.yml")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=900, check=False,
+                            env={**os.environ, "ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"})
+    output = " ".join(result.stdout.split())
+    assert result.returncode == 2 and "the live configuration was left as it was" in output
+    assert "key values mismatch" in output
+    assert ansible(host, "ansible.builtin.command", f"sha256sum {' '.join(live)}")[host]["stdout"] == before
+    assert completion(served_lab, host, "still serving")["usage"]["completion_tokens"] == 16
+    # The next good run stages the right certificate again (one change) and leaves the live files as they are.
+    rerun = run_playbooks(served_lab.inventory, ["proxy.yml"], "--limit", host)
+    assert rerun.changed() == {host: 1}
+    assert ansible(host, "ansible.builtin.command", f"sha256sum {' '.join(live)}")[host]["stdout"] == before
+
+
 # --- the service under systemd ------------------------------------------------------------------------------------
 
 
@@ -334,7 +408,9 @@ def prometheus_binary() -> Path:
                                   timeout=600, check=False)
         assert download.returncode == 0, f"apt-get download prometheus failed: {download.stderr}"
         package = next(Path(work).glob("prometheus_*.deb"))
-        staging = root.with_name(f".{root.name}.{os.getpid()}")
+        # A fresh machine has no tools/ yet: unpack beside the target (same file system), then rename.
+        root.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
         subprocess.run(["dpkg-deb", "-x", str(package), str(staging)], check=True)
         shutil.rmtree(root, ignore_errors=True)
         staging.rename(root)
