@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet import PROJECT_ROOT
+from gpufleet import layers as layer_registry
 from gpufleet.errors import GpufleetError
 from gpufleet.report import FleetReport, ReportError, load_report
 from gpufleet.runner import run_playbook, runs_dir
 
-# In provisioning order, as playbooks/drift.yml lists them; one file per layer in playbooks/drift/layers/.
-LAYERS = ("base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "serve", "proxy")
+# In provisioning order, from the layer registry (playbooks/layers.yml); one file per layer in
+# playbooks/drift/layers/.
+LAYERS = layer_registry.names()
 REPORT_SUBDIR = "drift"
 RUN_SUFFIX = "-drift"
 NODE_GROUP = "gpu_nodes"

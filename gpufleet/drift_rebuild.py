@@ -5,25 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpufleet import layers as layer_registry
 from gpufleet.report import FleetReport, LayerResult
 
-# Layers playbooks/rebuild.yml can run, in provisioning order.
-REBUILDABLE = ("base", "driver", "toolkit", "python", "venv", "kernels", "model", "serve", "proxy")
-# gpu_health has no role of its own: the driver layer brings persistence back (nvidia-persistenced); ECC
-# errors and pending retirements are the GPU's own and stay until it is serviced, so they stay in the report.
-PROVIDED_BY = {"gpu_health": "driver"}
-# What is built on each layer and must follow it.
-DEPENDENTS = {
-    "base": ("model", "serve"),
-    "driver": (),
-    "toolkit": ("kernels",),
-    "python": ("venv",),
-    "venv": ("kernels", "serve"),
-    "kernels": ("serve",),
-    "model": ("serve",),
-    "serve": ("proxy",),
-    "proxy": (),
-}
+# From the layer registry (playbooks/layers.yml): the layers playbooks/rebuild.yml can run, in provisioning
+# order; the layer that repairs each drift-only layer; what is built on each layer and must follow it.
+REBUILDABLE = layer_registry.rebuildable()
+PROVIDED_BY = layer_registry.provided_by()
+DEPENDENTS = layer_registry.dependents()
 REINSTALLABLE = ("driver", "toolkit")
 NEEDS_REBUILD = ("drifted", "error")
 _NO_LAYER = LayerResult("not_declared")

@@ -31,7 +31,7 @@ from urllib.parse import quote, unquote
 
 import yaml
 
-from gpufleet import PROJECT_ROOT
+from gpufleet import PROJECT_ROOT, compat
 from gpufleet.digests import sha256_file
 from gpufleet.errors import GpufleetError
 
@@ -172,16 +172,36 @@ def stacks_from_inventory(inventory: Path) -> list[StackSpec]:
     hostvars = json.loads(process.stdout).get("_meta", {}).get("hostvars", {})
     stacks: dict[str, StackSpec] = {}
     for host, variables in sorted(hostvars.items()):
-        if STACK_VARIABLE not in variables:
+        declaration = declared_venv(variables, f"{inventory} (host {host})")
+        if declaration is None:
             continue
-        spec = spec_from_mapping(variables[STACK_VARIABLE], f"{inventory} (host {host})")
+        spec = spec_from_mapping(declaration, f"{inventory} (host {host})")
         if spec.id in stacks and stacks[spec.id] != spec:
             raise GpufleetError(f"{inventory}: two different stacks are both called {spec.id!r}; give each its own id")
         stacks[spec.id] = spec
     if not stacks:
-        raise GpufleetError(f"no host of {inventory} declares {STACK_VARIABLE}; declare it in group_vars "
+        raise GpufleetError(f"no host of {inventory} declares gpufleet_stack; declare it in group_vars "
                             "(or pass --stack FILE); for the lab, run `gpufleet lab up` first")
     return list(stacks.values())
+
+
+def declared_venv(variables: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """A host's venv declaration: the one the inference_venv role derives from gpufleet_stack (validated
+    first, as the role's lookup does) and inference_venv_stack_options, or an explicit inference_venv_stack."""
+    if STACK_VARIABLE in variables:
+        return variables[STACK_VARIABLE]
+    if "gpufleet_stack" not in variables:
+        return None
+    chain = compat.stack_chain()
+    try:
+        stack = chain.normalize_stack(variables["gpufleet_stack"])
+    except chain.StackError as error:
+        raise GpufleetError(f"{source}: gpufleet_stack is invalid: {error}") from None
+    report = chain.validate_stack(stack, compat.load_knowledge_base())
+    if report["errors"]:
+        raise GpufleetError(f"{source}: the declared stack is not compatible: "
+                            + " | ".join(f"[{item['link']}] {item['message']}" for item in report["errors"]))
+    return compat.load_module_util("stack_artifacts").venv(stack, variables.get("inference_venv_stack_options") or {})
 
 
 def _ansible_tool(name: str) -> str:

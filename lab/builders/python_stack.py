@@ -10,8 +10,9 @@
 - kernel: the test kernel package (tests/fixtures/kernel_pkg) as a deterministic sdist, the lab's stand-in
   for flash-attn.
 
-The pins (file name and sha256) are read from inventories/lab/group_vars/all/{python,kernels}.yml, the
-files the roles use: an artifact whose bytes differ from its pin is refused, never published. `--check`
+The pins (file name and sha256) are resolved from the lab inventory's stack as the roles resolve them
+(inventories/lab/group_vars/all/{stack,lab}.yml): an artifact whose bytes differ from its pin is refused,
+never published. `--check`
 builds what can be built locally and compares, without downloading or publishing anything.
 """
 
@@ -34,9 +35,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from gpufleet import compat  # noqa: E402
 from gpufleet.digests import sha256_file  # noqa: E402
 
 LAB_VARS = REPO / "inventories" / "lab" / "group_vars" / "all"
+PYENV_DEFAULTS = REPO / "roles" / "pyenv_python" / "defaults" / "main.yml"
 KERNEL_SOURCE = REPO / "tests" / "fixtures" / "kernel_pkg"
 
 # The pyenv release the lab ships: the commit of the checkout this machine kind carries (v2.6.30).
@@ -66,15 +69,20 @@ def mirror_path_of(url: str) -> str:
 
 
 def load_pins() -> dict[str, Pin]:
-    """The lab inventory's pins for pyenv, CPython 3.11.2 and the kernel sdist."""
-    python_vars = yaml.safe_load((LAB_VARS / "python.yml").read_text())
-    kernel_vars = yaml.safe_load((LAB_VARS / "kernels.yml").read_text())
-    pyenv = python_vars["pyenv_python_pyenv"]
-    cpython = next(v for v in python_vars["pyenv_python_versions"] if str(v["version"]) == "3.11.2")
-    kernel = kernel_vars["flash_attn_packages"][0]
+    """Where the lab's stack puts pyenv, its CPython release and the kernel sdist on the mirror, and their pins:
+    resolved from the lab inventory as the roles resolve them (stack_artifacts).
+    stack_vars = yaml.safe_load((LAB_VARS / "stack.yml").read_text())
+    lab_vars = yaml.safe_load((LAB_VARS / "lab.yml").read_text())
+    pyenv_version = yaml.safe_load(PYENV_DEFAULTS.read_text())["pyenv_python_pyenv_version"]
+    stack = compat.stack_chain().normalize_stack(stack_vars["gpufleet_stack"])
+    artifacts = compat.load_module_util("stack_artifacts")
+    files = artifacts.ArtifactResolver("file:///mirror", lab_vars["gpufleet_lab_pins"])
+    pyenv = artifacts.pyenv(pyenv_version, files)
+    cpython = artifacts.python(stack, compat.load_knowledge_base(), files)
+    kernel = lab_vars["flash_attn_packages"][0]
     return {
-        "pyenv": Pin(mirror_path_of(pyenv["url"]), pyenv["sha256"]),
-        "cpython": Pin(mirror_path_of(cpython["url"]), cpython["sha256"]),
+        "pyenv": Pin(pyenv["url"].removeprefix("file:///mirror/"), pyenv["sha256"]),
+        "cpython": Pin(cpython["url"].removeprefix("file:///mirror/"), cpython["sha256"]),
         "kernel": Pin(mirror_path_of(kernel["url"]), kernel["sha256"]),
     }
 

@@ -10,7 +10,7 @@ LAB-STANDIN file inside, and in its logs; they are published under lab-standin/ 
 
 Builds are keyed by content under ${GPUFLEET_CACHE:-/var/cache/gpufleet}/lab-runfiles/<sha256 of inputs>/ and
 are byte-for-byte reproducible (fixed tar metadata and packaging date), so a rebuild gives the same sha256.
---publish copies them into the mirror and writes lab-standin/sha256.json, which the lab inventory reads.
+--publish copies them into the mirror and writes nvidia/sha256.json, which the lab inventory reads.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from gpufleet import simgpu  # noqa: E402
 from gpufleet.digests import sha256_file  # noqa: E402
 from gpufleet.errors import GpufleetError  # noqa: E402
 
-MIRROR_SUBDIR = "lab-standin"
+# The mirror directory of runfiles (plugins/module_utils/stack_artifacts.py MIRROR_DIRS["runfile"]).
+MIRROR_SUBDIR = "nvidia"
 SUMS_JSON = "sha256.json"
 
 # Driver versions of the lab and the CUDA driver API version each reports (nvidia-smi "CUDA Version",
@@ -203,7 +204,7 @@ def build_all() -> list[Runfile]:
 
 
 def publish(runfiles: list[Runfile]) -> Path:
-    """Copies the stand-ins into the lab mirror under lab-standin/ with sha256.json and SHA256SUMS."""
+    """Copies the stand-ins into the lab mirror under nvidia/ with sha256.json and SHA256SUMS."""
     from gpufleet.lab import mirror
 
     for runfile in runfiles:
@@ -220,7 +221,7 @@ def publish(runfiles: list[Runfile]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--publish", action="store_true", help="copy them into the lab mirror (lab-standin/)")
+    parser.add_argument("--publish", action="store_true", help="copy them into the lab mirror (nvidia/)")
     parser.add_argument("--json", action="store_true", help="print name, path and sha256 of each as JSON")
     args = parser.parse_args(argv)
     try:

@@ -8,31 +8,20 @@ never changes anything and works the same in check mode. Documentation: plugins/
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
 from ansible.plugins.action import ActionBase
-
-PLUGINS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_KB_DIR = os.path.join(os.path.dirname(PLUGINS_DIR), "data", "compat")
-
-
-def load_module_util(name: str):
-    """Load plugins/module_utils/<name>.py: Ansible puts custom module_utils on the path of modules only."""
-    qualified = "gpufleet_action_" + name
-    if qualified not in sys.modules:
-        spec = importlib.util.spec_from_file_location(qualified, os.path.join(PLUGINS_DIR, "module_utils", name + ".py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[qualified] = module
-    return sys.modules[qualified]
-
+from ansible.plugins.loader import lookup_loader
 
 ARGUMENT_SPEC = {
     "stack": {"type": "dict"},
     "kb_dir": {"type": "path"},
 }
+# Role variables the stack owns (see plugins/module_utils/stack_conflicts.py), read here only when the
+# inventory sets them: this play loads no role, so no role default is among the task's variables.
+ROLE_VARIABLES = ("nvidia_driver_version", "cuda_toolkit_active", "cuda_toolkit_versions", "pyenv_python_versions",
+                  "pyenv_python_global", "inference_venv_stack", "inference_venv_python", "flash_attn_packages")
 
 
 class ActionModule(ActionBase):
@@ -45,21 +34,22 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         result["changed"] = False
-        stack = args.get("stack")
-        if stack is None:
-            stack = task_vars.get("gpufleet_stack")
-        if stack is None:
-            result.update(failed=True, msg="no stack to validate: set gpufleet_stack in the inventory (group_vars) "
-                                           "or pass stack: to stack_validate")
-            return result
-        kb_dir = args.get("kb_dir") or os.environ.get("GPUFLEET_COMPAT_DIR") or DEFAULT_KB_DIR
-        chain = load_module_util("stack_chain")
-        kb_module = load_module_util("stack_kb")
-        try:
-            kb = kb_module.load_kb(kb_dir)
-            report = chain.validate_stack(chain.normalize_stack(self._plain(stack)), kb)
-        except (chain.StackError, kb_module.KnowledgeBaseError) as error:
-            result.update(failed=True, msg="gpufleet_stack is invalid: %s" % error)
+        stack_lookup = lookup_loader.get("gpufleet_stack", loader=self._loader, templar=self._templar)
+        helpers = sys.modules[type(stack_lookup).__module__]
+        if args.get("kb_dir"):
+            os.environ["GPUFLEET_COMPAT_DIR"] = args["kb_dir"]
+        names = ("gpufleet_mirror_url", "gpufleet_artifact_sha256", "cuda_toolkit_extra_versions",
+                 "inference_venv_stack_options", "pyenv_python_pyenv_version", "gpufleet_stack") + ROLE_VARIABLES
+        variables = dict((name, self._templar.template(task_vars[name])) for name in names if name in task_vars)
+        if args.get("stack") is not None:
+            variables["gpufleet_stack"] = args["stack"]
+        inputs = helpers.inputs_of(variables)
+        if inputs["pyenv_version"] == "":
+            inputs["pyenv_version"] = self._pyenv_default()
+        outcome = helpers.validate_and_resolve(inputs)
+        report = outcome["report"]
+        if report is None:
+            result.update(failed=True, msg=outcome["error"])
             return result
         result.update(
             compatible=report["compatible"],
@@ -68,26 +58,36 @@ class ActionModule(ActionBase):
             errors=report["errors"],
             stack_warnings=report["warnings"],
             facts_used=report["facts"],
-            knowledge_base=kb["kb_dir"],
+            knowledge_base=helpers.kb_dir(),
         )
         result["warnings"] = ["[%s] %s" % (item["link"], item["message"]) for item in report["warnings"]]
-        if report["errors"]:
+        if outcome["error"]:
+            result.update(failed=True, msg=outcome["error"])
+            return result
+        resolved = outcome["resolved"]
+        result["artifacts"] = resolved["artifacts"]
+        result["chain"] = dict((key, value) for key, value in resolved.items() if key != "artifacts")
+        return self._conflicts(result, helpers, variables, resolved, task_vars)
+
+    def _conflicts(self, result, helpers, variables, resolved, task_vars):
+        """Fail when an inventory value of a role variable contradicts the stack, naming both and where each is."""
+        conflicts_module = helpers.load_module_util("stack_conflicts")
+        plain = helpers.plain(dict((name, variables[name]) for name in ROLE_VARIABLES if name in variables))
+        host, groups = task_vars.get("inventory_hostname"), list(task_vars.get("group_names") or [])
+        found = conflicts_module.conflicts(plain, resolved)
+        result["conflicts"] = [conflicts_module.describe(item, host, groups, task_vars.get("inventory_dir"))
+                               for item in found]
+        if found:
             result["failed"] = True
-            result["msg"] = "the declared stack is not compatible (%d error(s)): %s" % (
-                len(report["errors"]),
-                " | ".join("[%s] %s" % (item["link"], item["message"]) for item in report["errors"]))
+            result["msg"] = "the inventory sets %d role variable(s) against the declared stack: %s" % (
+                len(found), " | ".join(result["conflicts"]))
         else:
-            result["msg"] = "the declared stack is compatible (%d warning(s), %d sourced facts used)" % (
-                len(report["warnings"]), len(report["facts"]))
+            result["msg"] = "the declared stack is compatible (%d warning(s), %d sourced facts used, %d artifacts)" % (
+                len(result["stack_warnings"]), len(result["facts_used"]), len(result["artifacts"]))
         return result
 
-    @staticmethod
-    def _plain(value):
-        """Templated inventory values arrive as Ansible's str/dict subclasses: make them plain for type checks."""
-        if isinstance(value, dict):
-            return dict((str(key), ActionModule._plain(item)) for key, item in value.items())
-        if isinstance(value, list):
-            return [ActionModule._plain(item) for item in value]
-        if isinstance(value, str):
-            return str(value)
-        return value
+    def _pyenv_default(self):
+        """pyenv_python's default release, so preflight resolves pyenv's tarball as the role will."""
+        defaults = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "roles", "pyenv_python", "defaults", "main.yml")
+        return str(self._loader.load_from_file(defaults).get("pyenv_python_pyenv_version", ""))

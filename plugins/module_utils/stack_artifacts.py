@@ -70,16 +70,29 @@ def pinned_sha256(name: str, pins: dict, known: str = "", known_source: str = ""
                         "(file name -> sha256, as the vendor publishes it)" % name)
 
 
-def _artifact(kind: str, name: str, mirror_url: str, pins: dict, known: str = "", known_source: str = "") -> dict:
-    sha256, source = pinned_sha256(name, pins, known, known_source)
-    return {"name": name, "url": mirror_url_of(mirror_url, kind, name), "sha256": sha256, "sha256_source": source}
+class ArtifactResolver(object):
+    """Resolves artifacts as the roles take them ({url, sha256}) and records each with its provenance."""
+
+    def __init__(self, mirror_url: str, pins: dict):
+        self.mirror_url = mirror_url
+        self.pins = pins or {}
+        self.listed = []
+
+    def get(self, layer: str, kind: str, name: str, known: str = "", known_source: str = "") -> dict:
+        sha256, source = pinned_sha256(name, self.pins, known, known_source)
+        url = mirror_url_of(self.mirror_url, kind, name)
+        self.listed.append({"layer": layer, "name": name, "url": url, "sha256": sha256, "sha256_source": source})
+        return {"url": url, "sha256": sha256}
 
 
-def driver(stack: dict, mirror_url: str, pins: dict) -> dict:
-    version = stack.get("driver")
-    if not version:
-        raise ArtifactError("the stack declares no driver: set gpufleet_stack.driver (e.g. \"580.95.05\")")
-    return {"version": version, "runfile": _artifact("runfile", driver_runfile_name(version), mirror_url, pins)}
+def driver(stack: dict, files: ArtifactResolver) -> dict:
+    version = stack["driver"]
+    return {"version": version, "runfile": files.get("driver", "runfile", driver_runfile_name(version))}
+
+
+def driver_runfile(version: str, mirror_url: str, pins: dict) -> dict:
+    """The runfile of a driver the stack does not name (a role variable set on purpose, an upgrade test)."""
+    return ArtifactResolver(mirror_url, pins).get("driver", "runfile", driver_runfile_name(version))
 
 
 def toolkit_row(kb: dict, cuda: str) -> dict:
@@ -100,20 +113,19 @@ def toolkit_row(kb: dict, cuda: str) -> dict:
     return exact[0]
 
 
-def toolkit(kb: dict, cuda: str, mirror_url: str, pins: dict) -> dict:
+def toolkit(kb: dict, cuda: str, files: ArtifactResolver) -> dict:
     row = toolkit_row(kb, cuda)
-    runfile = _artifact("runfile", row["runfile"], mirror_url, pins, row.get("runfile_sha256", ""),
-                        "knowledge base (data/compat/cuda_driver.csv: %s)" % _first_source(row.get("source", "")))
+    runfile = files.get("toolkit", "runfile", row["runfile"], row.get("runfile_sha256", ""),
+                        "knowledge base (data/compat/cuda_driver.csv: %s)" % _runfile_source(row.get("source", "")))
     return {"version": row["cuda_version"], "runfile": runfile}
 
 
-def toolkits(stack: dict, kb: dict, mirror_url: str, pins: dict, extra_versions: list) -> list:
+def toolkits(stack: dict, kb: dict, files: ArtifactResolver, extra_versions: list) -> list:
     """The stack's toolkit (active, listed last) after any extra toolkits installed beside it."""
     if not stack.get("cuda"):
         return []
-    active = toolkit(kb, stack["cuda"], mirror_url, pins)
-    extras = [toolkit(kb, str(version), mirror_url, pins) for version in extra_versions or []]
-    return [item for item in extras if item["version"] != active["version"]] + [active]
+    extras = [str(version) for version in extra_versions or [] if str(version) != stack["cuda"]]
+    return [toolkit(kb, version, files) for version in extras] + [toolkit(kb, stack["cuda"], files)]
 
 
 def python_release(kb: dict, python: str) -> dict:
@@ -131,17 +143,15 @@ def python_release(kb: dict, python: str) -> dict:
     return found[0]
 
 
-def python(stack: dict, kb: dict, mirror_url: str, pins: dict) -> dict:
+def python(stack: dict, kb: dict, files: ArtifactResolver) -> dict:
     row = python_release(kb, stack["python"])
-    tarball = _artifact("python", row["tarball"], mirror_url, pins, row["sha256"],
+    tarball = files.get("python", "python", row["tarball"], row["sha256"],
                         "knowledge base (data/compat/cpython.csv: %s)" % row["source"])
-    return {"version": row["version"], "requested": stack["python"], "tarball": tarball}
+    return dict(tarball, version=row["version"])
 
 
-def pyenv(version: str, mirror_url: str, pins: dict) -> dict:
-    name = "pyenv-%s.tar.gz" % version
-    artifact = _artifact("pyenv", name, mirror_url, pins)
-    return {"version": version, "url": artifact["url"], "sha256": artifact["sha256"]}
+def pyenv(version: str, files: ArtifactResolver) -> dict:
+    return dict(files.get("python", "pyenv", "pyenv-%s.tar.gz" % version), version=version)
 
 
 def venv(stack: dict, options: dict) -> dict:
@@ -149,70 +159,51 @@ def venv(stack: dict, options: dict) -> dict:
     from the stack; platform, exclusions and wheel sources are the operator's options."""
     options = dict(options or {})
     package = stack.get("vllm_package") or "vllm"
-    torch_requirement = "torch==%s+%s" % (stack["torch"], stack["torch_variant"])
-    requirements = ([] if not stack.get("vllm") else ["%s==%s" % (package, stack["vllm"])]) + [torch_requirement]
+    requirements = ["%s==%s" % (package, stack["vllm"])] if stack.get("vllm") else []
+    requirements.append("torch==%s+%s" % (stack["torch"], stack["torch_variant"]))
     python_minor = _major_minor(stack["python"])
     declaration = {
-        "id": options.pop("id", None) or "%s-%s-py%s" % (package if stack.get("vllm") else "torch",
-                                                         stack.get("vllm") or stack["torch"],
-                                                         python_minor.replace(".", "")),
+        "id": "%s-%s-py%s" % (package, stack["vllm"], python_minor.replace(".", "")) if stack.get("vllm")
+        else "torch-%s-%s-py%s" % (stack["torch"], stack["torch_variant"], python_minor.replace(".", "")),
         "python": python_minor,
-        "platform": options.pop("platform", "manylinux_2_28_x86_64"),
-        "requirements": requirements + list(options.pop("extra_requirements", [])),
+        "platform": "manylinux_2_28_x86_64",
+        "requirements": requirements + [str(item) for item in options.pop("extra_requirements", [])],
     }
-    if not options.get("find_links") and "torch_index_url" not in options:
+    if not options.get("find_links") and not options.get("torch_index_url"):
         declaration["torch_index_url"] = TORCH_INDEX_URL % stack["torch_variant"]
     declaration.update(options)
     return declaration
 
 
-def kernels(stack: dict, mirror_url: str, pins: dict) -> list:
+def kernels(stack: dict, files: ArtifactResolver) -> list:
     """flash-attn, when the stack declares it: built from its sdist on the mirror (PyPI's sha256 from the
     inventory's pins), never from the prebuilt wheels its setup.py would download."""
     version = stack.get("flash_attn")
     if not version:
         return []
-    artifact = _artifact("sdist", "flash_attn-%s.tar.gz" % version, mirror_url, pins)
-    return [{"name": "flash-attn", "version": version, "url": artifact["url"], "sha256": artifact["sha256"],
-             "import_name": "flash_attn", "env": {"FLASH_ATTENTION_FORCE_BUILD": "TRUE"}}]
+    sdist = files.get("kernels", "sdist", "flash_attn-%s.tar.gz" % version)
+    return [dict(sdist, name="flash-attn", version=version, import_name="flash_attn",
+                 env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE"})]
 
 
 def resolve(stack: dict, kb: dict, mirror_url: str, pins: dict = None, extra_toolkits: list = None,
             venv_options: dict = None, pyenv_version: str = "") -> dict:
-    """Everything a normalised, validated stack installs. Raises ArtifactError naming the missing fact."""
-    pins = pins or {}
-    resolved = {
-        "driver": driver(stack, mirror_url, pins) if stack.get("driver") else None,
-        "toolkits": toolkits(stack, kb, mirror_url, pins, extra_toolkits or []),
-        "python": python(stack, kb, mirror_url, pins),
-        "venv": venv(stack, venv_options or {}),
-        "kernels": kernels(stack, mirror_url, pins),
-    }
+    """Everything a normalised, validated stack installs, and `artifacts`: every file in layer order with
+    where its sha256 came from. Raises ArtifactError naming the missing fact."""
+    files = ArtifactResolver(mirror_url, pins)
+    resolved = {"driver": driver(stack, files) if stack.get("driver") else None,
+                "toolkits": toolkits(stack, kb, files, extra_toolkits or [])}
     resolved["toolkit"] = resolved["toolkits"][-1] if resolved["toolkits"] else None
     if pyenv_version:
-        resolved["pyenv"] = pyenv(pyenv_version, mirror_url, pins)
+        resolved["pyenv"] = pyenv(pyenv_version, files)
+    resolved["python"] = python(stack, kb, files)
+    resolved["venv"] = venv(stack, venv_options or {})
+    resolved["kernels"] = kernels(stack, files)
+    resolved["artifacts"] = files.listed
     return resolved
 
 
-def artifacts(resolved: dict) -> list:
-    """Every file a resolved stack installs, in layer order: {layer, name, url, sha256, sha256_source}."""
-    items = []
-    if resolved.get("driver"):
-        items.append(dict(resolved["driver"]["runfile"], layer="driver"))
-    for item in resolved.get("toolkits", []):
-        items.append(dict(item["runfile"], layer="toolkit"))
-    if resolved.get("pyenv"):
-        pyenv_item = resolved["pyenv"]
-        items.append({"layer": "python", "name": pyenv_item["url"].rsplit("/", 1)[-1], "url": pyenv_item["url"],
-                      "sha256": pyenv_item["sha256"], "sha256_source": "inventory (gpufleet_artifact_sha256)"})
-    items.append(dict(resolved["python"]["tarball"], layer="python"))
-    for item in resolved.get("kernels", []):
-        items.append({"layer": "kernels", "name": item["url"].rsplit("/", 1)[-1], "url": item["url"],
-                      "sha256": item["sha256"], "sha256_source": "inventory (gpufleet_artifact_sha256)"})
-    return items
-
-
-def _first_source(source: str) -> str:
+def _runfile_source(source: str) -> str:
     """The runfile's own citation out of a row's combined source column."""
     for part in source.split(" | "):
         if part.startswith("runfile:"):

@@ -42,6 +42,11 @@ options:
     type: list
     elements: str
     default: []
+  torch_installed:
+    description: False when the node has no venv yet (the venv layer has not run); torch is then not compared
+      with I(stack).
+    type: bool
+    default: true
   nvcc_version:
     description: The toolkit's C(nvcc --version) release line (C(Cuda compilation tools, release 13.0, V13.0.88))
       or a version such as C(13.0). Null when no toolkit is installed.
@@ -148,11 +153,12 @@ ARGUMENT_SPEC = dict(
     torch_cuda=dict(type="str"),
     torch_arch_list=dict(type="list", elements="str", default=[]),
     nvcc_version=dict(type="str"),
+    torch_installed=dict(type="bool", default=True),
     stack=dict(type="dict"),
     compat_facts=dict(type="dict"),
 )
 FACT_KEYS = ("driver_version", "driver_cuda_version", "gpu_compute_capabilities", "torch_cuda", "torch_arch_list",
-             "nvcc_version")
+             "nvcc_version", "torch_installed")
 
 
 def run_module(module: AnsibleModule) -> dict:

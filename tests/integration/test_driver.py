@@ -67,8 +67,8 @@ def test_missing_headers_for_the_running_kernel_fail_clearly(inventory: Path, ho
     rc, shown = sh(inventory, host, f"apt-cache show linux-headers-{kernel.strip()} >/dev/null 2>&1")
     if rc == 0:
         pytest.skip(f"Debian has headers for this machine's kernel {kernel.strip()}: nothing missing to test")
-    # The role's own default, which the lab inventory overrides because of exactly this.
-    default = '{"nvidia_driver_kernel_headers_package": "linux-headers-{{ ansible_facts.kernel }}"}'
+    # The role's own default (the running kernel's headers), which the lab inventory overrides because of this.
+    default = '{"nvidia_driver_kernel_headers_package": ""}'
     run = driver(inventory, host, OLD, "-e", default)
     assert run.rc != 0, run.describe()
     assert f"cannot install linux-headers-{kernel.strip()}, the headers of the running kernel" in run.output
@@ -106,7 +106,7 @@ def test_wrong_checksum_refused_before_any_change(inventory: Path, host: str, fe
     pinned = "0" * 64
     standins = publish_standins()
     real = standins[f"NVIDIA-Linux-x86_64-{NEW}.run"]
-    url = "{{ gpufleet_mirror_url }}/lab-standin/NVIDIA-Linux-x86_64-" + NEW + ".run"
+    url = "{{ gpufleet_mirror_url }}/nvidia/NVIDIA-Linux-x86_64-" + NEW + ".run"
     run = driver(inventory, host, NEW, nvidia_driver_runfile={"url": url, "sha256": pinned},
                  gpufleet_artifact_fetch=fetch)
     assert run.rc != 0, run.describe()

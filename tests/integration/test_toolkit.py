@@ -96,7 +96,7 @@ def test_wrong_checksum_refused_before_any_change(inventory: Path, host: str) ->
     sh(inventory, host, "/usr/local/cuda-12.8/bin/cuda-uninstaller --silent")
     pinned = "f" * 64
     real = publish_standins()["cuda_12.8.1_570.124.06_linux.run"]
-    url = "{{ gpufleet_mirror_url }}/lab-standin/cuda_12.8.1_570.124.06_linux.run"
+    url = "{{ gpufleet_mirror_url }}/nvidia/cuda_12.8.1_570.124.06_linux.run"
     versions = [{"version": "12.8.1", "runfile": {"url": url, "sha256": pinned}}]
     run = toolkit(inventory, host, cuda_toolkit_versions=versions, cuda_toolkit_active="12.8.1")
     assert run.rc != 0, run.describe()

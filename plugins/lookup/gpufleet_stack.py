@@ -1,0 +1,158 @@
+# -*- coding: utf-8 -*-
+"""Lookup plugin gpufleet_stack: what the host's declared stack installs, validated first.
+
+Every role derives its versions and artifacts from gpufleet_stack through this lookup, so a value can only
+come from a stack the knowledge base found compatible: whatever tags or limits a run has, the stack of every
+host a role runs on is validated before the role can read anything from it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
+
+DOCUMENTATION = r"""
+name: gpufleet_stack
+short_description: Versions and artifacts that the host's gpufleet_stack installs, after validating it
+description:
+  - Validates the host's C(gpufleet_stack) against the knowledge base (data/compat), then returns the value at
+    each dotted path of what the stack resolves to, for example C(driver.version), C(driver.runfile),
+    C(toolkits), C(toolkit.version), C(python.version), C(python.tarball), C(pyenv), C(venv), C(kernels),
+    C(stack).
+  - Reads C(gpufleet_mirror_url), C(gpufleet_artifact_sha256) (file name to sha256, for files the knowledge
+    base has no checksum for), C(cuda_toolkit_extra_versions), C(inference_venv_stack_options) and
+    C(pyenv_python_pyenv_version) from the host's variables.
+  - Fails with every broken link named when the stack is not compatible, and with the missing fact and the fix
+    when an artifact cannot be resolved.
+options:
+  _terms:
+    description: Dotted paths into the resolved stack.
+    required: true
+  version:
+    description: With C(driver.runfile), the runfile of this driver release instead of the stack's.
+    type: str
+"""
+
+EXAMPLES = r"""
+nvidia_driver_version: "{{ lookup('gpufleet_stack', 'driver.version') }}"
+cuda_toolkit_versions: "{{ lookup('gpufleet_stack', 'toolkits') }}"
+"""
+
+RETURN = r"""
+_raw:
+  description: The value at each path.
+  type: list
+"""
+
+PLUGINS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_KB_DIR = os.path.join(os.path.dirname(PLUGINS_DIR), "data", "compat")
+_CACHE = {}
+
+
+def load_module_util(name: str):
+    """plugins/module_utils/<name>.py: Ansible puts custom module_utils on the path of modules only."""
+    qualified = "gpufleet_controller_" + name
+    if qualified not in sys.modules:
+        spec = importlib.util.spec_from_file_location(qualified, os.path.join(PLUGINS_DIR, "module_utils", name + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[qualified] = module
+        spec.loader.exec_module(module)
+    return sys.modules[qualified]
+
+
+def kb_dir() -> str:
+    return os.environ.get("GPUFLEET_COMPAT_DIR") or DEFAULT_KB_DIR
+
+
+def plain(value):
+    """Templated inventory values arrive as Ansible's str/dict subclasses: make them plain for type checks."""
+    if isinstance(value, dict):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, str):
+        return str(value)
+    return value
+
+
+def inputs_of(variables: dict) -> dict:
+    """The host variables stack resolution reads (already templated, plain)."""
+    return {
+        "stack": plain(variables.get("gpufleet_stack")),
+        "mirror_url": plain(variables.get("gpufleet_mirror_url")),
+        "pins": plain(variables.get("gpufleet_artifact_sha256") or {}),
+        "extra_toolkits": plain(variables.get("cuda_toolkit_extra_versions") or []),
+        "venv_options": plain(variables.get("inference_venv_stack_options") or {}),
+        "pyenv_version": plain(variables.get("pyenv_python_pyenv_version") or ""),
+    }
+
+
+def validate_and_resolve(inputs: dict) -> dict:
+    """{'report': the validator's report, 'resolved': what the stack installs or None, 'error': message or None}.
+    Cached per process: every role default of a play reads the same stack."""
+    key = json.dumps(inputs, sort_keys=True, default=str)
+    if key not in _CACHE:
+        _CACHE[key] = _compute(inputs)
+    return _CACHE[key]
+
+
+def _compute(inputs: dict) -> dict:
+    chain = load_module_util("stack_chain")
+    kb_module = load_module_util("stack_kb")
+    artifacts = load_module_util("stack_artifacts")
+    if inputs["stack"] is None:
+        return {"report": None, "resolved": None,
+                "error": "no gpufleet_stack is declared for this host: declare one per GPU class in the "
+                         "inventory's group_vars (see inventories/example)"}
+    try:
+        kb = kb_module.load_kb(kb_dir())
+        report = chain.validate_stack(chain.normalize_stack(inputs["stack"]), kb)
+    except (chain.StackError, kb_module.KnowledgeBaseError) as error:
+        return {"report": None, "resolved": None, "error": "gpufleet_stack is invalid: %s" % error}
+    if report["errors"]:
+        return {"report": report, "resolved": None,
+                "error": "the declared stack is not compatible (%d error(s)): %s" % (
+                    len(report["errors"]),
+                    " | ".join("[%s] %s" % (item["link"], item["message"]) for item in report["errors"]))}
+    try:
+        resolved = artifacts.resolve(report["stack"], kb, inputs["mirror_url"], inputs["pins"],
+                                     inputs["extra_toolkits"], inputs["venv_options"], inputs["pyenv_version"])
+    except artifacts.ArtifactError as error:
+        return {"report": report, "resolved": None, "error": "the declared stack cannot be installed: %s" % error}
+    resolved["stack"] = report["stack"]
+    return {"report": report, "resolved": resolved, "error": None}
+
+
+def path_value(resolved: dict, path: str):
+    value = resolved
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise AnsibleLookupError("gpufleet_stack has no %r (known: %s)" % (path, ", ".join(sorted(resolved))))
+        value = value[part]
+    return value
+
+
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        variables = variables or {}
+        templated = {name: self._templar.template(variables[name]) for name in (
+            "gpufleet_stack", "gpufleet_mirror_url", "gpufleet_artifact_sha256", "cuda_toolkit_extra_versions",
+            "inference_venv_stack_options", "pyenv_python_pyenv_version") if name in variables}
+        inputs = inputs_of(templated)
+        outcome = validate_and_resolve(inputs)
+        if outcome["error"]:
+            raise AnsibleLookupError(outcome["error"])
+        version = kwargs.get("version")
+        if version and outcome["resolved"]["driver"] and str(version) != outcome["resolved"]["driver"]["version"]:
+            # nvidia_driver_version set on purpose to another driver: that driver's runfile.
+            artifacts = load_module_util("stack_artifacts")
+            try:
+                return [artifacts.driver_runfile(str(version), inputs["mirror_url"], inputs["pins"])]
+            except artifacts.ArtifactError as error:
+                raise AnsibleLookupError(str(error))
+        return [path_value(outcome["resolved"], str(term)) for term in terms]

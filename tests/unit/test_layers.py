@@ -1,0 +1,57 @@
+"""The layer registry (playbooks/layers.yml) is the one list of layers: site.yml's imports follow it (Ansible
+needs static imports, so this test is what keeps them in step), and the CLI's lists are read from it."""
+
+from __future__ import annotations
+
+import yaml
+
+from gpufleet import PROJECT_ROOT, drift, drift_rebuild, layers
+
+PLAYBOOKS = PROJECT_ROOT / "playbooks"
+
+
+def site_imports() -> list[dict]:
+    return yaml.safe_load((PLAYBOOKS / "site.yml").read_text())
+
+
+def test_site_imports_every_layer_with_a_playbook_in_registry_order_tagged_with_its_name() -> None:
+    imported = [(entry["ansible.builtin.import_playbook"], entry.get("tags")) for entry in site_imports()
+                if entry["ansible.builtin.import_playbook"] not in ("preflight.yml", "verify.yml")]
+    expected = [(layer.playbook, [layer.name]) for layer in layers.registry() if layer.playbook]
+    assert imported == expected
+
+
+def test_each_layer_import_runs_only_when_a_rebuild_selects_it() -> None:
+    for entry in site_imports():
+        name = entry["ansible.builtin.import_playbook"].removesuffix(".yml")
+        if name in layers.rebuildable():
+            assert entry["when"] == f"rebuild_layers is not defined or '{name}' in rebuild_layers"
+
+
+def test_preflight_comes_first_untagged_and_its_tasks_always_run() -> None:
+    first = site_imports()[0]
+    assert first["ansible.builtin.import_playbook"] == "preflight.yml" and "tags" not in first and "when" not in first
+    (play,) = yaml.safe_load((PLAYBOOKS / "preflight.yml").read_text())
+    assert [task["tags"] for task in play["tasks"]] == [["always"]] * len(play["tasks"])
+
+
+def test_verify_follows_the_layers_that_can_break_a_link() -> None:
+    names = [entry["ansible.builtin.import_playbook"] for entry in site_imports()]
+    assert names.index("verify.yml") == names.index("kernels.yml") + 1
+    verify = next(entry for entry in site_imports() if entry["ansible.builtin.import_playbook"] == "verify.yml")
+    assert sorted(verify["tags"]) == ["driver", "kernels", "toolkit", "venv"]
+
+
+def test_the_cli_reads_the_registry() -> None:
+    assert drift.LAYERS == layers.names() == (
+        "base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "serve", "proxy")
+    assert drift_rebuild.REBUILDABLE == tuple(name for name in layers.names() if name != "gpu_health")
+    assert drift_rebuild.PROVIDED_BY == {"gpu_health": "driver"}
+    assert drift_rebuild.DEPENDENTS["python"] == ("venv",)
+
+
+def test_rebuild_runs_the_layers_through_site() -> None:
+    plays = yaml.safe_load((PLAYBOOKS / "rebuild.yml").read_text())
+    assert plays[-1]["ansible.builtin.import_playbook"] == "site.yml"
+    layer_playbooks = {layer.playbook for layer in layers.registry() if layer.playbook}
+    assert not any(entry.get("ansible.builtin.import_playbook") in layer_playbooks for entry in plays)
