@@ -116,3 +116,39 @@ def test_instance_memory_limit_is_its_share_of_the_node_unless_overridden() -> N
     lines = render(dropin, vllm_service_instances=[override], vllm_service_instance=FIRST,
                    ansible_facts={"memtotal_mb": 24000}).splitlines()
     assert "MemoryMax=64G" in lines and "MemoryHigh=19440M" in lines
+
+
+SCRIPT = ROLE / "files" / "vllm-nvidia-devices"
+# The H200's driver as /proc shows it (a tmpfs over /proc/driver, the fixture over /proc/devices), and an
+# empty /dev, in a mount namespace of this test only.
+FAKE_DRIVER = """set -e
+mount -t tmpfs none /proc/driver
+mkdir -p /proc/driver/nvidia/gpus/0000:00:06.0 /proc/driver/nvidia/capabilities/mig
+echo "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04" > /proc/driver/nvidia/version
+printf 'Model: \\t\\t NVIDIA H200\\nDevice Minor: \\t 0\\n' > /proc/driver/nvidia/gpus/0000:00:06.0/information
+printf 'DeviceFileMinor: 1\\nDeviceFileMode: 256\\n' > /proc/driver/nvidia/capabilities/mig/config
+printf 'DeviceFileMinor: 2\\nDeviceFileMode: 292\\n' > /proc/driver/nvidia/capabilities/mig/monitor
+mount --bind "$1" /proc/devices
+mount -t tmpfs none /dev
+PATH=/usr/bin:/bin sh "$2" && echo "--- again" && PATH=/usr/bin:/bin sh "$2"
+find /dev -type c -exec stat -c '%A %t %T %n' {} +
+"""
+
+
+def test_device_script_makes_the_h200s_nodes_once(tmp_path: Path) -> None:
+    proc_devices = tmp_path / "devices"
+    proc_devices.write_text("\n".join(line for line in H200.split("\n\n")[0].splitlines()
+                                      if not line.startswith("#")) + "\n\nBlock devices:\n  7 loop\n")
+    result = subprocess.run(["unshare", "--mount", "sh", "-c", FAKE_DRIVER, "sh", str(proc_devices), str(SCRIPT)],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0 and "unshare failed" in result.stderr:
+        pytest.skip(f"no mount namespace here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    first, again = result.stdout.split("--- again\n")
+    # The second run changes nothing: no node created, only find's listing follows.
+    assert first.count("created ") == 6 and not [line for line in again.splitlines() if line.startswith("created ")]
+    made = {(int(major, 16), int(minor, 16), path, mode) for mode, major, minor, path in
+            (line.split() for line in again.splitlines())}
+    expected = {(n.major, n.minor, n.path, mode) for n, mode in zip(listed_nodes(H200), [
+        "crw-rw-rw-", "crw-rw-rw-", "crw-rw-rw-", "crw-rw-rw-", "cr--------", "cr--r--r--"])}
+    assert made == expected
