@@ -18,7 +18,7 @@ from gpufleet.lab.addressing import HostAddress
 from gpufleet.lab.config import LabConfig
 from gpufleet.lab.network import netns_path
 from gpufleet.lab.procs import PidRecord, is_alive, read_pid_file
-from gpufleet.lab.rootfs import extract
+from gpufleet.lab.rootfs import extract, tree_mkdir, tree_read, tree_write
 from gpufleet.lab.supervisor import host_paths
 
 SSH_CONNECT_TIMEOUT = 3
@@ -91,15 +91,6 @@ def remove_host_dir(host_dir: Path) -> None:
         subprocess.run(["rm", "-rf", "--one-file-system", str(host_dir)], check=True)
 
 
-def _write(path: Path, text: str, mode: int = 0o644) -> None:
-    # Refuse to follow a link inside the guest tree: it could point at a controller file.
-    if path.is_symlink():
-        path.unlink()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    os.chmod(path, mode)
-
-
 def sources_list(mirror_url: str) -> str:
     """apt sources pointing at the lab mirror's pass-through of Debian's archive (hosts have no internet)."""
     return (
@@ -112,20 +103,18 @@ def sources_list(mirror_url: str) -> str:
 def configure_rootfs(host: Host, config: LabConfig, mirror_url: str) -> None:
     """Writes the per-host identity: hostname, machine id, SSH keys, apt sources."""
     root = host.rootfs
-    _write(root / "etc/hostname", f"{host.name}\n")
-    _write(root / "etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n::1\tlocalhost ip6-localhost\n")
-    machine_id = root / "etc/machine-id"
-    if not machine_id.read_text().strip():
-        _write(machine_id, f"{uuid.uuid4().hex}\n", 0o444)
-    ssh_dir = root / "root/.ssh"
-    ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    _write(ssh_dir / "authorized_keys", keys.public_key(config.private_key) + "\n", 0o600)
+    tree_write(root, "etc/hostname", f"{host.name}\n")
+    tree_write(root, "etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n::1\tlocalhost ip6-localhost\n")
+    if not tree_read(root, "etc/machine-id").strip():
+        tree_write(root, "etc/machine-id", f"{uuid.uuid4().hex}\n", 0o444)
+    tree_mkdir(root, "root/.ssh", 0o700)
+    tree_write(root, "root/.ssh/authorized_keys", keys.public_key(config.private_key) + "\n", 0o600)
     host_key = host_key_path(config, host.name)
-    _write(root / "etc/ssh/ssh_host_ed25519_key", host_key.read_text(), 0o600)
-    _write(root / "etc/ssh/ssh_host_ed25519_key.pub", host_key.with_suffix(".pub").read_text())
+    tree_write(root, "etc/ssh/ssh_host_ed25519_key", host_key.read_text(), 0o600)
+    tree_write(root, "etc/ssh/ssh_host_ed25519_key.pub", host_key.with_suffix(".pub").read_text())
     # Only the pre-generated key: the client verifies it against the lab known_hosts file.
-    _write(root / "etc/ssh/sshd_config.d/gpufleet-lab.conf", "HostKey /etc/ssh/ssh_host_ed25519_key\n")
-    _write(root / "etc/apt/sources.list", sources_list(mirror_url))
+    tree_write(root, "etc/ssh/sshd_config.d/gpufleet-lab.conf", "HostKey /etc/ssh/ssh_host_ed25519_key\n")
+    tree_write(root, "etc/apt/sources.list", sources_list(mirror_url))
 
 
 def start_supervisor(host: Host) -> None:

@@ -48,6 +48,32 @@ def archive_relative_path(url_path: str) -> str | None:
     return "/".join(parts)
 
 
+def mirror_file(root: Path, url_path: str) -> Path | None:
+    """The regular file under `root` a request names (a directory's index.html), or None.
+
+    None for a path that is not UTF-8, holds NUL or other control characters or a "." / ".." segment, names
+    nothing, or leads, through a symlink anywhere on the way, outside the mirror directory.
+    """
+    try:
+        path = urllib.parse.unquote(url_path.split("?", 1)[0].split("#", 1)[0], errors="strict")
+    except UnicodeDecodeError:
+        return None
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in path):
+        return None
+    parts = [part for part in path.split("/") if part]
+    if any(part in (".", "..") for part in parts):
+        return None
+    real_root = root.resolve()
+    target = real_root.joinpath(*parts).resolve()
+    if target != real_root and real_root not in target.parents:
+        return None
+    if target.is_dir():
+        target = (target / "index.html").resolve()
+        if real_root not in target.parents:
+            return None
+    return target if target.is_file() else None
+
+
 def is_immutable(relative: str) -> bool:
     """Packages and by-hash index files never change under the same name; everything else may."""
     return "/pool/" in relative or "/by-hash/" in relative
@@ -95,10 +121,26 @@ class MirrorHandler(SimpleHTTPRequestHandler):
             self.send_bytes(b"ok\n", send_body)
             return
         relative = archive_relative_path(self.path)
-        if relative is None:
-            super().do_GET() if send_body else super().do_HEAD()
+        if relative is not None:
+            self.pass_through(relative, send_body)
             return
-        self.pass_through(relative, send_body)
+        self.serve_mirror_file(send_body)
+
+    def serve_mirror_file(self, send_body: bool) -> None:
+        """A file of the mirror directory; never a listing, never a file outside it."""
+        target = mirror_file(Path(self.directory), self.path)
+        if target is None:
+            self.send_error(404)
+            return
+        path_part = self.path.split("?", 1)[0]
+        if target.name == "index.html" and not path_part.endswith(("/", "/index.html")):
+            # Relative links in an index (pip's simple pages) resolve against a URL ending in "/".
+            self.send_response(301)
+            self.send_header("Location", path_part + "/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_file(target, send_body, self.guess_type(str(target)))
 
     def pass_through(self, relative: str, send_body: bool) -> None:
         cached = self.apt_cache / relative
@@ -114,11 +156,11 @@ class MirrorHandler(SimpleHTTPRequestHandler):
                 return
         self.send_file(cached, send_body)
 
-    def send_file(self, path: Path, send_body: bool) -> None:
+    def send_file(self, path: Path, send_body: bool, content_type: str = "application/octet-stream") -> None:
         with path.open("rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             self.send_response(200)
-            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(size))
             self.send_header("Last-Modified", self.date_time_string(int(path.stat().st_mtime)))
             self.end_headers()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from gpufleet.errors import GpufleetError
 
@@ -88,3 +90,86 @@ def extract(tar_path: Path, destination: Path) -> None:
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise GpufleetError(f"extracting {tar_path} into {destination} failed: {result.stderr.strip()}")
+
+
+# A reused host tree was written by its guest, as root: any component of a path in it may be a symlink to a
+# controller path (/root/.ssh -> /root/.ssh). The controller walks such paths one directory at a time with
+# O_NOFOLLOW and replaces files by a rename inside the directory it opened, so nothing outside the tree is
+# read or written.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class PlantedLinkError(GpufleetError):
+    """A path the controller writes in a host's tree is a symlink or not a directory."""
+
+
+def _open_tree_dir(root: Path, relative: PurePosixPath, create_mode: int | None) -> int:
+    """A descriptor of root/relative, every component opened without following a link; missing ones are made
+    with create_mode (or refused when it is None)."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in relative.parts:
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if create_mode is None:
+                    raise
+                os.mkdir(part, create_mode, dir_fd=fd)
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except OSError as error:
+        os.close(fd)
+        if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise PlantedLinkError(f"{root / relative} is a symbolic link or not a directory (made inside the host?): "
+                               f"run `gpufleet lab down` and `gpufleet lab up` to rebuild the host from the "
+                               f"image") from error
+    return fd
+
+
+def tree_mkdir(root: Path, relative: str, mode: int) -> None:
+    """root/relative as a directory (made with `mode` where missing), no link followed on the way."""
+    os.close(_open_tree_dir(root, PurePosixPath(relative), mode))
+
+
+def tree_write(root: Path, relative: str, text: str, mode: int = 0o644) -> None:
+    """Replaces root/relative with `text` (a link there is replaced, not followed); parents made 0755."""
+    path = PurePosixPath(relative)
+    fd = _open_tree_dir(root, path.parent, 0o755)
+    partial = f".{path.name}.gpufleet-{os.getpid()}"
+    try:
+        handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                         dir_fd=fd)
+        try:
+            os.write(handle, text.encode())
+            os.fchmod(handle, mode)
+        finally:
+            os.close(handle)
+        os.rename(partial, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+    except IsADirectoryError as error:
+        os.unlink(partial, dir_fd=fd)
+        raise PlantedLinkError(f"{root / relative} is a directory; run `gpufleet lab down` and `gpufleet lab up` "
+                               f"to rebuild the host from the image") from error
+    finally:
+        os.close(fd)
+
+
+def tree_read(root: Path, relative: str) -> str:
+    """root/relative's text; '' when it is missing or a link (which tree_write then replaces)."""
+    path = PurePosixPath(relative)
+    try:
+        fd = _open_tree_dir(root, path.parent, None)
+    except FileNotFoundError:
+        return ""
+    try:
+        # O_NONBLOCK: a FIFO planted there must not hang the controller.
+        handle = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    with os.fdopen(handle, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            return ""
+        return stream.read(1 << 20).decode(errors="replace")

@@ -170,3 +170,12 @@ def test_fuzzed_stack_files_never_traceback(tmp_path: Path) -> None:
     print(f"fuzz: {outcomes}")
     # Both paths were exercised: the generator is neither all noise nor all harmless.
     assert outcomes["refused"] > 100 and outcomes["validated"] > 30
+
+
+def test_distinct_gpus_are_found_in_linear_time() -> None:
+    # 100000 entries (what a 10 MB file of "- '9.0'" lines holds): the old pairwise scan took hours here.
+    chain = compat.stack_chain()
+    stack = chain.normalize_stack(dict(GOOD, gpu=["9.0"] * 100_000))
+    report = chain.validate_stack(stack, compat.load_knowledge_base())
+    assert len(report["resolved"]["gpus"]) == 100_000
+    assert [fact["id"] for fact in report["facts"] if fact["id"].startswith("cc:")] == ["cc:9.0"]
