@@ -106,6 +106,19 @@ class _MemoryV2(ctypes.Structure):
     ]
 
 
+class _ProcessInfo(ctypes.Structure):
+    """nvmlProcessInfo_t (the layout nvmlDeviceGetComputeRunningProcesses_v3 fills); memory in bytes."""
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+# usedGpuMemory when NVML cannot tell (nvml.h's NVML_VALUE_NOT_AVAILABLE, as unsigned long long).
+NVML_VALUE_NOT_AVAILABLE_ULL = 2**64 - 1
+
 # NVML_STRUCT_VERSION(Memory, 2): the struct's size in the low bits, its version in the top byte.
 _MEMORY_V2_VERSION = ctypes.sizeof(_MemoryV2) | (2 << 24)
 
@@ -139,6 +152,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "nvmlDeviceGetRetiredPages": [_device, ctypes.c_uint, _uint_p, _ull_p],
     "nvmlDeviceGetRetiredPagesPendingStatus": [_device, _uint_p],
     "nvmlDeviceGetRemappedRows": [_device, _uint_p, _uint_p, _uint_p, _uint_p],
+    "nvmlDeviceGetComputeRunningProcesses_v3": [_device, _uint_p, ctypes.POINTER(_ProcessInfo)],
 }
 
 
@@ -274,6 +288,27 @@ class Nvml:
         count = ctypes.c_uint()
         self.call("nvmlDeviceGetCount_v2", ctypes.byref(count))
         return count.value
+
+    def compute_processes(self, index: int) -> list[dict[str, Any]]:
+        """Processes with a CUDA context on GPU `index`: pid and used memory (None where NVML cannot tell)."""
+        handle = _device()
+        self.call("nvmlDeviceGetHandleByIndex_v2", index, ctypes.byref(handle))
+        capacity = 16
+        while True:
+            infos = (_ProcessInfo * capacity)()
+            count = ctypes.c_uint(capacity)
+            try:
+                self.call("nvmlDeviceGetComputeRunningProcesses_v3", handle, ctypes.byref(count), infos)
+            except NvmlError as error:
+                # More processes than room: NVML set the count; processes may start meanwhile, so add room.
+                if error.code != NVML_ERROR_INSUFFICIENT_SIZE:
+                    raise
+                capacity = count.value + 16
+                continue
+            return [{"pid": info.pid,
+                     "used_memory_bytes": None if info.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE_ULL
+                     else info.usedGpuMemory}
+                    for info in infos[:count.value]]
 
     def device(self, index: int) -> dict[str, Any]:
         """The state of GPU `index` (see GPU_FIELDS); a lost GPU has lost=True and the rest None."""

@@ -124,6 +124,17 @@ typedef struct nvmlMemory_v2_st {
 
 #define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)
 
+/* Filled by nvmlDeviceGetComputeRunningProcesses_v3 (nvml.h's nvmlProcessInfo_t, the v2 layout): one entry
+ * per process with a CUDA context on the GPU, its memory in bytes or NVML_VALUE_NOT_AVAILABLE. */
+typedef struct nvmlProcessInfo_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;      /* NVML_VALUE_NOT_AVAILABLE (as unsigned int) outside MIG */
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+#define NVML_VALUE_NOT_AVAILABLE (-1)
+
 /* Filled by nvmlDeviceGetUtilizationRates, in percent. */
 typedef struct nvmlUtilization_st {
     unsigned int gpu;

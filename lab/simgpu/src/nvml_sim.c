@@ -398,6 +398,29 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, nvml
     return NVML_SUCCESS;
 }
 
+/* ---- processes ------------------------------------------------------------------------------- */
+
+/* As in NVML: *info_count is the buffer's capacity in, the number of processes out; a buffer too small
+ * (or none, to ask for the count) gives NVML_ERROR_INSUFFICIENT_SIZE with the count set. */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *info_count,
+                                                                 nvmlProcessInfo_t *infos) {
+    REQUIRE_DEVICE(device, 0);
+    REQUIRE_POINTER(info_count);
+    unsigned int available = device->process_count;
+    if (*info_count < available || (available > 0 && infos == NULL)) {
+        *info_count = available;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < available; i++) {
+        infos[i].pid = device->process_pids[i];
+        infos[i].usedGpuMemory = device->process_memory[i];
+        infos[i].gpuInstanceId = (unsigned int)NVML_VALUE_NOT_AVAILABLE;
+        infos[i].computeInstanceId = (unsigned int)NVML_VALUE_NOT_AVAILABLE;
+    }
+    *info_count = available;
+    return NVML_SUCCESS;
+}
+
 /* ---- memory health: page retirement (pre-Ampere) and row remapping (Ampere and newer) ---------- */
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause,

@@ -335,6 +335,38 @@ static void read_row_remapping(loader *l, const json_value *gpu, struct nvmlDevi
     read_flag(l, rows, "failure", &device->row_remap_failure, context);
 }
 
+/* "compute_processes": [{"pid": N, "used_memory_bytes": M}, ...]; their memory counts in memory_used_bytes. */
+static void read_processes(loader *l, const json_value *gpu, struct nvmlDevice_st *device, const char *where) {
+    static const char *const keys[] = {"comment", "pid", "used_memory_bytes", NULL};
+    const json_value *list = member(l, gpu, "compute_processes", JSON_ARRAY, 0, where);
+    if (list == NULL) {
+        return;
+    }
+    if (list->count > SIMGPU_MAX_PROCESSES) {
+        load_error(l, "%s.compute_processes: at most %d processes", where, SIMGPU_MAX_PROCESSES);
+        return;
+    }
+    unsigned long long total = 0;
+    for (size_t i = 0; i < list->count && !l->failed; i++) {
+        char context[64];
+        snprintf(context, sizeof(context), "%s.compute_processes[%zu]", where, i);
+        if (list->items[i]->type != JSON_OBJECT) {
+            load_error(l, "%s: expected an object", context);
+            return;
+        }
+        check_keys(l, list->items[i], keys, context);
+        unsigned long long pid = 0;
+        read_count(l, list->items[i], "pid", 4194304, &pid, context);
+        read_count(l, list->items[i], "used_memory_bytes", 9007199254740992.0, &device->process_memory[i], context);
+        device->process_pids[i] = (unsigned int)pid;
+        total += device->process_memory[i];
+    }
+    device->process_count = (unsigned int)list->count;
+    if (!l->failed && total > device->memory_used) {
+        load_error(l, "%s: the compute_processes' used_memory_bytes add up to more than memory_used_bytes", where);
+    }
+}
+
 static void read_not_supported(loader *l, const json_value *gpu, struct nvmlDevice_st *device, const char *where) {
     const json_value *list = member(l, gpu, "not_supported", JSON_ARRAY, 0, where);
     if (list == NULL) {
@@ -395,7 +427,8 @@ static void read_gpu(loader *l, const json_value *gpu, unsigned int index, struc
         "comment", "name", "uuid", "pci_bus_id", "pci_device_id", "pci_subsystem_id", "compute_capability",
         "memory_total_bytes", "memory_used_bytes", "memory_reserved_bytes", "persistence_mode", "ecc", "mig",
         "power_limit_w", "power_draw_w", "temperature_c", "utilization_pct", "performance_state", "compute_mode",
-        "fan_speed_pct", "display_active", "retired_pages", "row_remapping", "not_supported", "lost", NULL};
+        "fan_speed_pct", "display_active", "retired_pages", "row_remapping", "compute_processes", "not_supported",
+        "lost", NULL};
     char where[32];
     snprintf(where, sizeof(where), "gpus[%u]", index);
     if (gpu->type != JSON_OBJECT) {
@@ -424,6 +457,7 @@ static void read_gpu(loader *l, const json_value *gpu, unsigned int index, struc
     read_flag(l, gpu, "display_active", &device->display_active, where);
     read_retired_pages(l, gpu, device, where);
     read_row_remapping(l, gpu, device, where);
+    read_processes(l, gpu, device, where);
     read_not_supported(l, gpu, device, where);
     read_flag(l, gpu, "lost", &device->lost, where);
 }

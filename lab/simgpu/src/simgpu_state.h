@@ -10,6 +10,7 @@
 #define SIMGPU_DESCRIPTION_ENV "GPUFLEET_SIMGPU_CONFIG"
 #define SIMGPU_MAX_GPUS 64
 #define SIMGPU_TEXT_SIZE 96
+#define SIMGPU_MAX_PROCESSES 64
 
 /* Queries a description can mark as not supported (the "not_supported" list of a GPU). */
 enum simgpu_feature {
@@ -56,6 +57,10 @@ struct nvmlDevice_st {
     int retired_pages_pending;
     unsigned int remapped_rows_corrected, remapped_rows_uncorrected;
     int row_remap_pending, row_remap_failure;
+    /* Processes with a CUDA context on the GPU ("compute_processes"): pid and memory in bytes. */
+    unsigned int process_count;
+    unsigned int process_pids[SIMGPU_MAX_PROCESSES];
+    unsigned long long process_memory[SIMGPU_MAX_PROCESSES];
 };
 
 typedef struct {
