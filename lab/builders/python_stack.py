@@ -70,7 +70,7 @@ def mirror_path_of(url: str) -> str:
 
 def load_pins() -> dict[str, Pin]:
     """Where the lab's stack puts pyenv, its CPython release and the kernel sdist on the mirror, and their pins:
-    resolved from the lab inventory as the roles resolve them (stack_artifacts).
+    resolved from the lab inventory as the roles resolve them (stack_artifacts)."""
     stack_vars = yaml.safe_load((LAB_VARS / "stack.yml").read_text())
     lab_vars = yaml.safe_load((LAB_VARS / "lab.yml").read_text())
     pyenv_version = yaml.safe_load(PYENV_DEFAULTS.read_text())["pyenv_python_pyenv_version"]
