@@ -12,11 +12,15 @@
 #      would), then openai_probe's health wait (time to healthy), torch_stack_info on the venv, the role's
 #      warm-up classes twice (first vs steady state) and the GPU's memory after warm-up (nvidia_gpu_info,
 #      nvidia-smi), and the raw answers of /v1/models and /v1/completions for the unit tests.
-# It writes only under a temporary directory and OUTDIR, and stops vLLM at the end.
+# The instance declares one environment variable, PATH (below: the role's env file sets none). It writes only
+# under a temporary directory and OUTDIR, and stops vLLM at the end.
 #   usage: scripts/verify-local-vllm.sh WHEELHOUSE OUTDIR [BASE_PYTHON]
+# WHEELHOUSE holds the wheels of tests/fixtures/h200-real/vllm_wheelhouse.txt that BASE_PYTHON lacks
+# (pip download --no-deps --only-binary=:all: for its Python and platform); BASE_PYTHON holds torch.
 set -uo pipefail
 
 wheelhouse="$(realpath "$1")" outdir="$(realpath -m "$2")" base_python="${3:-python3}"
+base_bin="$(dirname "$(command -v "$base_python")")"
 cd "$(dirname "$0")/.."
 repo="$PWD"
 mkdir -p "$outdir"
@@ -124,11 +128,14 @@ run model-stage-rerun "${model_playbook[@]}" || exit 1
 
 # --- 3. the role's templates, rendered for one GPU instance ----------------------------------------------
 api_key="$("$python" -c 'import secrets; print(secrets.token_hex(16))')"
-instance_env='{}'
+# systemd's default PATH lacks the venv's bin (and here the base's, which the venv is layered on), where
+# flashinfer's JIT build of vLLM's sampler finds ninja; the role's env file sets no PATH, so without this the
+# engine fails at warm-up with "No such file or directory: 'ninja'" (seen on the H200).
+instance_env="{\"PATH\": \"$venv/bin:$base_bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"}"
 # A systemd service sees ldconfig's paths only: if libcuda is reachable through LD_LIBRARY_PATH alone here,
 # the instance must be given it through the role's own per-instance environment.
 if ! ldconfig -p | grep -q 'libcuda\.so\.1 ' && [ -n "${LD_LIBRARY_PATH:-}" ]; then
-  instance_env="{\"LD_LIBRARY_PATH\": \"$LD_LIBRARY_PATH\"}"
+  instance_env="${instance_env%\}}, \"LD_LIBRARY_PATH\": \"$LD_LIBRARY_PATH\"}"
 fi
 cat >"$work/serve-vars.json" <<VARS
 {"vllm_service_venv": "$venv", "vllm_service_api_key": "$api_key", "vllm_service_home": "$home",
