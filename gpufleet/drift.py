@@ -21,7 +21,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.report import FleetReport, ReportError, load_report
 from gpufleet.runner import run_playbook, runs_dir
 
-# In provisioning order, from the layer registry (playbooks/layers.yml); one file per layer in
+# In provisioning order, from the layer registry (playbooks/vars/layers.yml); one file per layer in
 # playbooks/drift/layers/.
 LAYERS = layer_registry.names()
 REPORT_SUBDIR = "drift"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from gpufleet import layers as layer_registry
 from gpufleet.report import FleetReport, LayerResult
 
-# From the layer registry (playbooks/layers.yml): the layers playbooks/rebuild.yml can run, in provisioning
+# From the layer registry (playbooks/vars/layers.yml): the layers playbooks/rebuild.yml can run, in provisioning
 # order; the layer that repairs each drift-only layer; what is built on each layer and must follow it.
 REBUILDABLE = layer_registry.rebuildable()
 PROVIDED_BY = layer_registry.provided_by()

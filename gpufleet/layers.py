@@ -1,4 +1,4 @@
-"""The layer registry (playbooks/layers.yml) as Python: names, order, playbooks and what is built on what."""
+"""The layer registry (playbooks/vars/layers.yml) as Python: names, order, playbooks and what is built on what."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from gpufleet import PROJECT_ROOT
 
-REGISTRY = PROJECT_ROOT / "playbooks" / "layers.yml"
+REGISTRY = PROJECT_ROOT / "playbooks" / "vars" / "layers.yml"
 
 
 @dataclass(frozen=True)

@@ -66,11 +66,13 @@ def run_playbook(
     run_id: str | None = None,
     envvars: dict[str, str] | None = None,
     event_handler: Callable[[dict], bool] | None = None,
+    runs_root: Path | None = None,
 ) -> PlaybookResult:
     """Runs playbooks/<playbook> against `inventory`; the caller decides what a failure means.
 
-    The run's directory is runs_dir()/run_id (default: time, pid and the playbook's name); envvars are added
-    to the run's environment and event_handler sees each event as it happens (ansible-runner's own).
+    The run's directory is runs_root (default runs_dir())/run_id (default: time, pid and the playbook's name);
+    envvars are added to the run's environment and event_handler sees each event as it happens
+    (ansible-runner's own).
     """
     import ansible_runner  # imported here so `gpufleet --help` stays fast
 
@@ -81,7 +83,7 @@ def run_playbook(
         raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
     ensure_ansible_on_path()
     run_id = run_id or time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
-    private_dir = runs_dir() / run_id
+    private_dir = (runs_root or runs_dir()) / run_id
     private_dir.mkdir(parents=True, exist_ok=True)
     cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
     runner = ansible_runner.run(

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpufleet import compat
+from gpufleet import compat, fleet_plan
 from gpufleet.stack_file import load_stack_file
 
 INCOMPATIBLE_EXIT_CODE = 2
@@ -22,25 +22,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="check a GPU stack (GPU, driver, CUDA, Python, torch, vLLM, flash-attn) before touching any host",
-        description="Validate every link of a stack file against data/compat. Exit 0: compatible; "
-        "2: incompatible or invalid file.",
+        description="Validate every link of a stack file, or of every stack an inventory declares (as preflight "
+        "does, with the artifacts each GPU class installs), against data/compat. Exit 0: compatible; "
+        "2: incompatible, invalid or contradicted by a role variable.",
     )
-    parser.add_argument("--stack", type=Path, required=True, metavar="FILE",
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--stack", type=Path, metavar="FILE",
                         help="YAML file with keys gpu, driver, cuda, python, torch, torch_variant, vllm "
                         "[, flash_attn, vllm_package]")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON (schema gpufleet.plan/v1)")
+    source.add_argument("-i", "--inventory", type=Path, metavar="INVENTORY",
+                        help="validate the stack of every host of this inventory (group gpu_nodes)")
+    parser.add_argument("--limit", help="with -i: only these hosts (an Ansible pattern)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as JSON (schema gpufleet.plan/v1, with -i gpufleet.fleet-plan/v1)")
     parser.add_argument("--kb-dir", type=Path, default=None, metavar="DIR",
                         help="knowledge base directory (default: $GPUFLEET_COMPAT_DIR or data/compat)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.inventory is not None:
+        return run_inventory(args)
     stack = load_stack_file(args.stack)
     kb = compat.load_knowledge_base(args.kb_dir)
     report = compat.stack_chain().validate_stack(stack, kb)
     document = plan_document(args.stack, kb, report)
     emit(json.dumps(document, indent=2, sort_keys=True) if args.json else render(document))
     return 0 if report["compatible"] else INCOMPATIBLE_EXIT_CODE
+
+
+def run_inventory(args: argparse.Namespace) -> int:
+    envvars = {"GPUFLEET_COMPAT_DIR": str(args.kb_dir)} if args.kb_dir else None
+    document = fleet_plan.document(args.inventory, fleet_plan.plan_inventory(args.inventory, args.limit, envvars))
+    emit(json.dumps(document, indent=2, sort_keys=True) if args.json else fleet_plan.render(document))
+    return 0 if document["compatible"] else INCOMPATIBLE_EXIT_CODE
 
 
 def emit(text: str) -> None:

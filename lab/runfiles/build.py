@@ -31,12 +31,13 @@ HERE = Path(__file__).resolve().parent
 PROJECT_ROOT = HERE.parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from gpufleet import simgpu  # noqa: E402
+from gpufleet import compat, simgpu  # noqa: E402
 from gpufleet.digests import sha256_file  # noqa: E402
 from gpufleet.errors import GpufleetError  # noqa: E402
 
-# The mirror directory of runfiles (plugins/module_utils/stack_artifacts.py MIRROR_DIRS["runfile"]).
-MIRROR_SUBDIR = "nvidia"
+# Runfile names and their directory on the mirror, as the roles resolve them from a stack.
+ARTIFACTS = compat.load_module_util("stack_artifacts")
+MIRROR_SUBDIR = ARTIFACTS.MIRROR_DIRS["runfile"]
 SUMS_JSON = "sha256.json"
 
 # Driver versions of the lab and the CUDA driver API version each reports (nvidia-smi "CUDA Version",
@@ -135,7 +136,7 @@ def _build(kind: str, version: str, name: str, label: str, extra: list[Path], fi
 def build_driver(version: str, cuda_driver_version: int) -> Runfile:
     """NVIDIA-Linux-x86_64-<version>.run: installs the simulated NVML library and nvidia-smi."""
     library = simgpu.build_library()
-    name = f"NVIDIA-Linux-x86_64-{version}.run"
+    name = ARTIFACTS.driver_runfile_name(version)
 
     def fill(content: Path) -> str:
         payload = content / "payload"

@@ -386,13 +386,14 @@ def archive_name(model: dict) -> str:
 
 
 def check_models(spec: dict, ctx: Context) -> list[Finding]:
-    """Each model {name, sha256, ...} of model_store: link, marker, files against the tarball, JSON overrides."""
-    require(spec, "root", "models")
+    """Each model {name, sha256, ...} of model_store: link, marker, files against the tarball, JSON overrides.
+    version_dirs (name -> directory) comes from the role's naming rule (filter model_version_dirs)."""
+    require(spec, "root", "models", "version_dirs")
     found = []
     for model in spec["models"]:
         sha = str(model["sha256"]).lower()
         link = os.path.join(spec["root"], str(model["name"]))
-        version_dir = f"{link}-{sha[:16]}"
+        version_dir = spec["version_dirs"][str(model["name"])]
         label = f"model {model['name']}"
         target = os.readlink(link) if os.path.islink(link) else None
         if target != version_dir:

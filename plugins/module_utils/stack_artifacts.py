@@ -37,11 +37,6 @@ def driver_runfile_name(version: str, arch: str = "x86_64") -> str:
     return "NVIDIA-Linux-%s-%s.run" % (arch, version)
 
 
-def model_dir_name(model: dict) -> str:
-    """The directory a model is staged in under the model root: its name."""
-    return str(model["name"])
-
-
 def check_mirror_url(mirror_url) -> str:
     if not mirror_url or not isinstance(mirror_url, str):
         raise ArtifactError("gpufleet_mirror_url is not set: declare the artifact mirror once in the inventory "

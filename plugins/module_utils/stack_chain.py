@@ -273,6 +273,9 @@ def normalize_stack(raw) -> dict:
 
 
 def _gpu_list(value) -> list:
+    # One GPU model may be written as a plain string (gpu: H100), as Ansible's own list options accept a scalar.
+    if isinstance(value, str):
+        value = [value]
     if not isinstance(value, list):
         raise StackError("gpu must be a list of GPU models or compute capabilities, e.g. [\"H100\"] or "
                          "[\"9.0\"] (got %s)" % type(value).__name__)

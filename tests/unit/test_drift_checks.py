@@ -339,7 +339,8 @@ def make_model(tmp_path: Path) -> tuple[Path, str, dict]:
 
 def test_a_staged_model_matches_its_tarball_and_overrides(tmp_path: Path) -> None:
     root, cache, model = make_model(tmp_path)
-    spec = {"kind": "models", "root": str(root), "models": [model], "archive_cache": cache}
+    spec = {"kind": "models", "root": str(root), "models": [model], "archive_cache": cache,
+            "version_dirs": {"tiny": str(root / f"tiny-{model['sha256'][:16]}")}}
     assert run([spec])["status"] == "ok"
 
     version = root / f"tiny-{model['sha256'][:16]}"
@@ -356,11 +357,13 @@ def test_a_staged_model_matches_its_tarball_and_overrides(tmp_path: Path) -> Non
 
 def test_a_model_whose_tarball_left_the_node_is_noted_not_hashed(tmp_path: Path) -> None:
     root, cache, model = make_model(tmp_path)
-    result = run([{"kind": "models", "root": str(root), "models": [model], "archive_cache": str(tmp_path / "gone")}])
+    version_dirs = {"tiny": str(root / f"tiny-{model['sha256'][:16]}")}
+    result = run([{"kind": "models", "root": str(root), "models": [model], "archive_cache": str(tmp_path / "gone"),
+                   "version_dirs": version_dirs}])
     assert result["status"] == "ok"
     assert result["notes"] == [f"model tiny: files not compared, the verified tarball {tmp_path}/gone/"
                                f"{model['sha256']}/tiny.tar.gz is no longer on the node"]
     (root / "tiny").unlink()
     (root / "tiny").symlink_to(root / "elsewhere")
-    assert fields(run([{"kind": "models", "root": str(root), "models": [model]}]))[0] == (
+    assert fields(run([{"kind": "models", "root": str(root), "models": [model], "version_dirs": version_dirs}]))[0] == (
         "model tiny", "link", f"{root}/tiny-{model['sha256'][:16]}", f"{root}/elsewhere")

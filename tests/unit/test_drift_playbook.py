@@ -113,7 +113,7 @@ def walk_playbook(path: Path) -> Walk:
     for play in yaml.safe_load(path.read_text()):
         if play.get("check_mode") is not True:
             walk.problems.append(f"play {play.get('name')!r} does not set check_mode: true")
-        # drift_layers defaults to every layer of the registry (layers.yml, read through vars_files).
+        # drift_layers defaults to every layer of the registry (vars/layers.yml, read through vars_files).
         declared = (play.get("vars") or {}).get("drift_layers")
         layers = list(declared) if isinstance(declared, list) else list(LAYERS)
         for part in ("pre_tasks", "tasks", "post_tasks", "handlers"):
@@ -135,7 +135,7 @@ def test_drift_playbook_uses_read_only_modules_only() -> None:
 
 def test_the_playbook_compares_every_layer_of_the_registry() -> None:
     play = yaml.safe_load(PLAYBOOK.read_text())[0]
-    assert play["vars_files"] == ["layers.yml"]
+    assert play["vars_files"] == ["vars/layers.yml"]
     assert play["vars"]["drift_layers"] == "{{ gpufleet_layers | map(attribute='name') | list }}"
     assert all((PROJECT_ROOT / "playbooks" / "drift" / "layers" / f"{layer}.yml").is_file() for layer in LAYERS)
 

@@ -1,4 +1,4 @@
-"""The layer registry (playbooks/layers.yml) is the one list of layers: site.yml's imports follow it (Ansible
+"""The layer registry (playbooks/vars/layers.yml) is the one list of layers: site.yml's imports follow it (Ansible
 needs static imports, so this test is what keeps them in step), and the CLI's lists are read from it."""
 
 from __future__ import annotations

@@ -1,0 +1,137 @@
+"""`gpufleet plan -i INVENTORY`: every targeted host's stack validated as preflight validates it, grouped by
+GPU class (hosts that resolve to the same chain), with every artifact each class would install.
+
+It runs playbooks/preflight.yml itself (check mode, on the controller: stack_validate never connects to a
+host), so the plan is the preflight: the same variables, the same templating, the same validator, the same
+conflict check between role variables and the stack.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.errors import GpufleetError
+from gpufleet.runner import run_playbook
+
+SCHEMA = "gpufleet.fleet-plan/v1"
+VALIDATE_TASK = "Validate gpufleet_stack"
+
+
+@dataclass
+class HostPlan:
+    host: str
+    ok: bool
+    message: str
+    result: dict[str, Any]
+
+
+@dataclass
+class StackClass:
+    """Hosts whose stacks resolve to the same chain and artifacts."""
+
+    chain: dict[str, Any]
+    stack: dict[str, Any]
+    artifacts: list[dict[str, Any]]
+    warnings: list[str]
+    hosts: list[str] = field(default_factory=list)
+
+
+def collect(events: list[dict[str, Any]]) -> list[HostPlan]:
+    """The stack_validate result of each host, from the preflight run's events."""
+    plans: dict[str, HostPlan] = {}
+    for event in events:
+        kind = event.get("event")
+        data = event.get("event_data") or {}
+        if kind in ("runner_on_ok", "runner_on_failed") and str(data.get("task", "")).startswith(VALIDATE_TASK):
+            result = data.get("res") or {}
+            plans[data["host"]] = HostPlan(data["host"], kind == "runner_on_ok", str(result.get("msg", "")), result)
+    return [plans[host] for host in sorted(plans)]
+
+
+def classes(plans: list[HostPlan]) -> list[StackClass]:
+    grouped: dict[str, StackClass] = {}
+    for plan in plans:
+        if not plan.ok:
+            continue
+        chain = plan.result["chain"]
+        key = json.dumps([chain, plan.result["artifacts"]], sort_keys=True)
+        if key not in grouped:
+            grouped[key] = StackClass(chain, plan.result["stack"], plan.result["artifacts"],
+                                      list(plan.result.get("warnings") or []))
+        grouped[key].hosts.append(plan.host)
+    return list(grouped.values())
+
+
+def plan_inventory(inventory: Path, limit: str | None = None,
+                   envvars: dict[str, str] | None = None) -> list[HostPlan]:
+    if not inventory.exists():
+        raise GpufleetError(f"inventory {inventory} does not exist")
+    events: list[dict[str, Any]] = []
+
+    def keep(event: dict[str, Any]) -> bool:
+        events.append(event)
+        return True
+
+    with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as runs:
+        result = run_playbook("preflight.yml", inventory, limit=limit, check=True, quiet=True, runs_root=Path(runs),
+                              envvars=envvars, event_handler=keep)
+    plans = collect(events)
+    if not plans:
+        raise GpufleetError(f"no host of {inventory} was validated (preflight rc {result.rc}, {result.status}): "
+                            "the inventory has no group gpu_nodes, or --limit matches no host of it")
+    return plans
+
+
+def document(inventory: Path, plans: list[HostPlan]) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "inventory": str(inventory),
+        "compatible": all(plan.ok for plan in plans),
+        "classes": [{"hosts": item.hosts, "stack": item.stack, "chain": item.chain, "artifacts": item.artifacts,
+                     "warnings": item.warnings} for item in classes(plans)],
+        "failed": [{"host": plan.host, "message": plan.message, "errors": plan.result.get("errors", []),
+                    "conflicts": plan.result.get("conflicts", [])} for plan in plans if not plan.ok],
+    }
+
+
+def render(plan: dict[str, Any]) -> str:
+    lines = [f"inventory {plan['inventory']}: "
+             + ("COMPATIBLE" if plan["compatible"] else "NOT COMPATIBLE")
+             + f", {len(plan['classes'])} GPU class(es), {len(plan['failed'])} host(s) failing"]
+    for number, item in enumerate(plan["classes"], start=1):
+        lines.append("")
+        lines.append(f"class {number}: {len(item['hosts'])} host(s): {', '.join(item['hosts'])}")
+        lines.extend("  " + line for line in chain_lines(item["stack"], item["chain"]))
+        lines.append("  artifacts:")
+        for artifact in item["artifacts"]:
+            lines.append(f"    {artifact['layer']:<8} {artifact['name']}")
+            lines.append(f"             {artifact['url']}")
+            lines.append(f"             sha256 {artifact['sha256']}  ({artifact['sha256_source']})")
+        lines.extend(f"  warning: {warning}" for warning in item["warnings"])
+    for failed in plan["failed"]:
+        lines.append("")
+        lines.append(f"host {failed['host']}: {failed['message']}")
+    return "\n".join(lines)
+
+
+def chain_lines(stack: dict[str, Any], chain: dict[str, Any]) -> list[str]:
+    gpus = stack["gpu"] if stack["gpu"] else ["none declared"]
+    venv = chain["venv"]
+    toolkits = [item["version"] for item in chain["toolkits"]]
+    lines = [
+        f"gpu        {', '.join(gpus)}",
+        f"driver     {stack['driver'] or '-'}",
+        f"cuda       {', '.join(toolkits) or '-'}" + (f" (active {chain['toolkit']['version']})" if len(toolkits) > 1
+                                                      else ""),
+        f"python     {chain['python']['version']} (declared {stack['python']})",
+        f"torch      {stack['torch']}+{stack['torch_variant']}",
+        f"vllm       {stack['vllm_package']} {stack['vllm'] or '-'}",
+        f"flash-attn {stack['flash_attn'] or '-'}",
+        f"venv       {venv['id']}: {' '.join(venv['requirements'])} for {venv['platform']}"
+        + (f" from {venv['torch_index_url']}" if venv.get("torch_index_url") else ""),
+    ]
+    return lines
