@@ -3,6 +3,7 @@
 # the driver version this machine really has and once with another one, writing the console output and the
 # report files (JSON, Markdown) of each run to OUTDIR. Used to prove the drift checks on real hardware.
 #   usage: scripts/verify-local-drift.sh PYTHON REAL_DRIVER_VERSION OTHER_DRIVER_VERSION OUTDIR
+# (OTHER_DRIVER_VERSION: another R580 driver, which runs the stack's CUDA 13.0 too, e.g. 580.95.05)
 set -uo pipefail
 
 python="$1" real="$2" other="$3" outdir="$4"
@@ -20,9 +21,9 @@ gpu_nodes:
       ansible_become: false
 HOSTS
 
-# A drift run compares and never fetches: the runfile is declared as an inventory declares it, and only its
-# version is compared with the node.
-runfile_url_base=http://mirror.invalid/nvidia
+# A drift run compares and never fetches: the stack names the driver (its runfile's sha256 is a placeholder,
+# as nothing is downloaded), and only its version is compared with the node. The CUDA 13.0 torch of the
+# device's stack needs an R580 driver: OTHER_DRIVER_VERSION must be one too (e.g. 580.95.05).
 placeholder_sha256=0000000000000000000000000000000000000000000000000000000000000000
 
 for name in real other; do
@@ -30,9 +31,10 @@ for name in real other; do
   echo "=== drift, declared driver $version"
   GPUFLEET_DRIFT_REPORT_DIR="$work/$name" GPUFLEET_DRIFT_RUN_ID="device-$name" \
     ansible-playbook --check -i "$work/hosts.yml" playbooks/drift.yml \
-    -e "{\"drift_layers\": [\"driver\", \"gpu_health\"], \"nvidia_driver_version\": \"$version\",
-         \"nvidia_driver_runfile\": {\"url\": \"$runfile_url_base/NVIDIA-Linux-x86_64-$version.run\",
-                                    \"sha256\": \"$placeholder_sha256\"}}" \
+    -e "{\"drift_layers\": [\"driver\", \"gpu_health\"], \"gpufleet_mirror_url\": \"http://mirror.invalid\",
+         \"gpufleet_stack\": {\"gpu\": \"H200\", \"driver\": \"$version\", \"cuda\": null, \"python\": \"3.12\",
+                            \"torch\": \"2.11.0\", \"torch_variant\": \"cu130\", \"vllm\": null},
+         \"gpufleet_artifact_sha256\": {\"NVIDIA-Linux-x86_64-$version.run\": \"$placeholder_sha256\"}}" \
     >"$outdir/drift-$name.txt" 2>&1
   echo "rc=$?" >>"$outdir/drift-$name.txt"
   tail -n 30 "$outdir/drift-$name.txt"
