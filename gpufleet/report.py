@@ -28,8 +28,9 @@ JSON document (schema "gpufleet-drift-report", version 1; `gpufleet drift --sche
 Layer status: `ok` (every check matches), `drifted` (some declared value differs; `drift` lists them),
 `not_declared` (the inventory does not declare the layer's role; `message` says what is missing), `error`
 (the layer could not be compared; `message` and `errors` say why), `unreachable` (the node could not be
-reached). Exit code: 2 when any layer drifted, else 1 when any node or layer is unreachable or an error (no
-claim of "no drift" can be made for it), else 0. New fields may be added within version 1; a field is never
+reached). Exit code: 0 every node compared, no drift; 2 drift, every node compared; 3 drift, and some node or
+layer could not be compared (unreachable or an error: the drift found is not all there is); 1 nothing drifted
+but some node or layer could not be compared (no claim of "no drift" can be made for it), or nothing was. New fields may be added within version 1; a field is never
 removed or changed in meaning without a new version.
 """
 
@@ -45,7 +46,7 @@ SCHEMA_NAME = "gpufleet-drift-report"
 SCHEMA_VERSION = 1
 LAYER_STATUSES = ("ok", "drifted", "not_declared", "unreachable", "error")
 NODE_STATUSES = ("ok", "drifted", "unreachable", "error")
-EXIT_OK, EXIT_FAILED, EXIT_DRIFT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_DRIFT, EXIT_DRIFT_INCOMPLETE = 0, 1, 2, 3
 
 
 class ReportError(ValueError):
@@ -145,11 +146,17 @@ class FleetReport:
 
     @property
     def exit_code(self) -> int:
+        incomplete = bool(self.count("unreachable") or self.count("error"))
         if self.count("drifted"):
-            return EXIT_DRIFT
-        if self.count("unreachable") or self.count("error") or not self.nodes:
+            return EXIT_DRIFT_INCOMPLETE if incomplete else EXIT_DRIFT
+        if incomplete or not self.nodes:
             return EXIT_FAILED
         return EXIT_OK
+
+    def not_compared(self) -> list[str]:
+        """Nodes the run could not compare (wholly or in part), with why: 'lab-3 (unreachable)'."""
+        return [f"{name} ({node.status})" for name, node in sorted(self.nodes.items())
+                if node.status in ("unreachable", "error")]
 
     def summary(self) -> dict:
         counts = {status: self.count(status) for status in NODE_STATUSES}
@@ -364,7 +371,8 @@ JSON_SCHEMA = {
         "summary": {
             "type": "object",
             "required": ["nodes", *NODE_STATUSES, "exit_code"],
-            "properties": {"nodes": {"type": "integer"}, "exit_code": {"enum": [EXIT_OK, EXIT_FAILED, EXIT_DRIFT]},
+            "properties": {"nodes": {"type": "integer"},
+                           "exit_code": {"enum": [EXIT_OK, EXIT_FAILED, EXIT_DRIFT, EXIT_DRIFT_INCOMPLETE]},
                            **{status: {"type": "integer"} for status in NODE_STATUSES}},
         },
         "nodes": {

@@ -131,7 +131,8 @@ PROMETHEUS_HELP = [
     ("gpufleet_drift_node_up", "1 when the drift run reached the node, 0 when it was unreachable."),
     ("gpufleet_drift_last_run_timestamp_seconds", "When the last drift run finished (Unix time)."),
     ("gpufleet_drift_run_duration_seconds", "How long the last drift run took."),
-    ("gpufleet_drift_exit_code", "Exit code of the last drift run: 0 no drift, 2 drift, 1 not every node compared."),
+    ("gpufleet_drift_exit_code", "Exit code of the last drift run: 0 no drift, 2 drift, 3 drift and not every node "
+                                 "compared, 1 no drift found but not every node compared."),
 ]
 
 
@@ -179,6 +180,9 @@ def summary_table(report: FleetReport) -> str:
     summary = report.summary()
     lines.append(f"{_nodes(summary['nodes'])}: {summary['ok']} ok, {summary['drifted']} drifted, "
                  f"{summary['unreachable']} unreachable, {summary['error']} error")
+    if report.not_compared():
+        lines.append(f"not compared: {', '.join(report.not_compared())}: what drift this run found is not all "
+                     f"there is (exit {summary['exit_code']})")
     return "\n".join(lines)
 
 

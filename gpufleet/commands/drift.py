@@ -1,7 +1,8 @@
 """`gpufleet drift -i INVENTORY`: compare every node's layers with the declared state, read-only.
 
-Exit codes: 0 no drift, 2 drift found, 1 the run failed (no report, or a node or layer that could not be
-compared). `--since RUN` lists what changed since a stored run; without -i it compares two stored runs.
+Exit codes: 0 every node compared and no drift; 2 drift found, every node compared; 3 drift found and some
+node or layer could not be compared (unreachable, or an error); 1 no drift found but not every node or layer
+was compared, or the run failed (no report). `--since RUN` lists what changed since a stored run; without -i it compares two stored runs.
 """
 
 from __future__ import annotations

