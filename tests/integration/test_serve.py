@@ -363,6 +363,23 @@ def test_rerun_changes_nothing_and_restarts_nothing(served_lab: ServedLab, ansib
     assert api_key_absent(rerun.output + served_lab.converge.output, served_lab), "a secret reached the output"
 
 
+def test_a_template_wide_drop_in_is_the_operators_and_no_instance(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    """systemd's vllm@.service.d/ applies to every instance: the prune step once took it for an instance named ''
+    ("Service is in unknown state") and would have deleted the operator's file in it."""
+    host = served_lab.first
+    dropin = "/etc/systemd/system/vllm@.service.d/operator.conf"
+    ansible(host, "ansible.builtin.shell", f"mkdir -p {dropin.rsplit('/', 1)[0]} && "
+            f"printf '[Service]\\nLimitCORE=0\\n' > {dropin} && systemctl daemon-reload")
+    try:
+        before = all_unit_states(ansible, served_lab)
+        run = run_playbooks(served_lab.inventory, ["serve.yml"], "--limit", host)
+        assert run.changed()[host] == 0, run.changed()
+        assert all_unit_states(ansible, served_lab) == before, "an instance was restarted"
+        assert ansible(host, "ansible.builtin.stat", f"path={dropin}")[host]["stat"]["exists"]
+    finally:
+        ansible(host, "ansible.builtin.shell", f"rm -rf {dropin.rsplit('/', 1)[0]} && systemctl daemon-reload")
+
+
 def test_changing_one_option_restarts_only_that_instance(served_lab: ServedLab, ansible: AnsibleRunner,
                                                           tmp_path: Path) -> None:
     host = served_lab.first
