@@ -82,7 +82,7 @@ def test_json_for_a_compatible_stack():
     ({"gpu": ["H100"], "driver": "580.95.05"}, "missing key(s) cuda, python, torch, torch_variant, vllm"),
     ("gpu: [H100\ndriver: 1\n", "is not valid YAML at line 2"),
     (dict(GOOD_STACK, python=3.10), "python must be a quoted string"),
-    (dict(GOOD_STACK, gpu="H100"), "gpu must be a list"),
+    (dict(GOOD_STACK, gpu={"model": "H100"}), "gpu must be a list"),
     ("- just\n- a list\n", "must be a mapping"),
     ("", "must be a mapping"),
 ])

@@ -186,7 +186,7 @@ def test_facts_cite_the_rows_used():
     ("not a mapping", "must be a mapping"),
     ({"gpu": ["H100"]}, "missing key(s) driver, cuda, python, torch, torch_variant, vllm"),
     (dict(stack(), python=3.1), "quoted string"),
-    (dict(stack(), gpu="H100"), "gpu must be a list"),
+    (dict(stack(), gpu={"model": "H100"}), "gpu must be a list"),
     (dict(stack(), torch_variant="cuda13"), "torch_variant 'cuda13' is not valid"),
     (dict(stack(), driver="latest"), "driver 'latest' is not valid"),
     (dict(stack(), flash_atn="2.8.3"), "unknown key(s) flash_atn"),
@@ -284,3 +284,9 @@ def test_host_drift_from_the_declared_stack():
 def test_host_facts_with_a_bad_value_are_rejected():
     with pytest.raises(CHAIN.StackError):
         CHAIN.check_host(host(driver_version="five-eighty"), KB)
+
+
+def test_one_gpu_model_may_be_a_plain_string():
+    # As Ansible's own list options accept a scalar: `gpu: H100` is the list of that one GPU.
+    assert CHAIN.normalize_stack(dict(stack(), gpu="H100"))["gpu"] == ["H100"]
+    assert CHAIN.normalize_stack(dict(stack(), gpu=" H200 "))["gpu"] == ["H200"]

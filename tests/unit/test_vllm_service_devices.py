@@ -85,6 +85,14 @@ def test_unit_orders_after_the_device_nodes_and_the_driver_daemons_and_limits_st
     assert "StartLimitBurst=5" in lines and "StartLimitIntervalSec=9050" in lines
 
 
+def test_the_venvs_tools_come_first_on_the_services_path() -> None:
+    # On the H200, flashinfer's first warm-up builds kernels with ninja from the venv; under systemd's default
+    # PATH the engine died with "No such file or directory: 'ninja'" (tests/fixtures/h200-real/README.md).
+    unit = render(UNIT_TEMPLATE, vllm_service_instances=[INSTANCE])
+    (path,) = [line.split("=", 2)[2] for line in unit.splitlines() if line.startswith("Environment=PATH=")]
+    assert path.split(":")[0] == "/opt/gpufleet/venvs/current/bin" and "/usr/bin" in path.split(":")
+
+
 def _env(text: str) -> dict[str, str]:
     return {key: value.strip('"') for key, _, value in
             (line.partition("=") for line in text.splitlines() if line and not line.startswith("#"))}
