@@ -15,7 +15,7 @@ _STACK_VARIABLE = "gpufleet_stack"
 
 
 def conflicts(variables: dict, resolved: dict) -> list:
-    """[{variable, value, stack_value, message}] for each role variable set against the stack."""
+    """[{variable, value, stack_value, what}] for each role variable set against the stack."""
     found = []
     for check in (_driver, _toolkit_active, _toolkit_versions, _python_versions, _python_global, _venv_stack,
                   _venv_python, _kernels):
