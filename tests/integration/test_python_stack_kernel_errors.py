@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 VENV = "/var/tmp/gpufleet-kernel-errors-venv"
 # A CUDA home that no layer installs: the lab hosts may carry a (stand-in) toolkit from the toolkit scenario.
 NO_CUDA_HOME = "/var/tmp/gpufleet-kernel-errors-no-cuda"
-LAB_KERNEL = yaml.safe_load((REPO / "inventories/lab/group_vars/all/kernels.yml").read_text())["flash_attn_packages"][0]
+LAB_KERNEL = yaml.safe_load((REPO / "inventories/lab/group_vars/all/lab.yml").read_text())["flash_attn_packages"][0]
 PLAYBOOK = """
 - hosts: "{{ target }}"
   become: true
