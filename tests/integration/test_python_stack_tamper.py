@@ -88,8 +88,14 @@ def wheelhouse(tmp_path: Path) -> Iterator[tuple[str, Path, str]]:
 
 
 def _publish(directory: Path, name: str) -> str:
-    for wheel in sorted(directory.glob("*.whl")):
+    """The wheels and a find-links page naming them, as `gpufleet wheelhouse build` publishes a wheelhouse: the
+    mirror lists no directory, so pip finds the wheels through the page."""
+    wheels = sorted(directory.glob("*.whl"))
+    for wheel in wheels:
         url_path = mirror.publish(wheel, f"{name}/{wheel.name}")
+    page = directory / "index.html"
+    page.write_text("".join(f'<a href="{wheel.name}">{wheel.name}</a><br/>\n' for wheel in wheels))
+    mirror.publish(page, f"{name}/index.html")
     return url_path.rsplit("/", 1)[0] + "/"
 
 
