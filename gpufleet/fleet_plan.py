@@ -52,13 +52,23 @@ def collect(events: list[dict[str, Any]]) -> list[HostPlan]:
     return [plans[host] for host in sorted(plans)]
 
 
+def without_urls(value: Any) -> Any:
+    """The chain and artifacts less their mirror URLs: hosts may reach one mirror by different addresses."""
+    if isinstance(value, dict):
+        return {key: without_urls(item) for key, item in value.items() if key != "url"}
+    if isinstance(value, list):
+        return [without_urls(item) for item in value]
+    return value
+
+
 def classes(plans: list[HostPlan]) -> list[StackClass]:
+    """Hosts grouped by what they install (the first host's mirror URLs are the ones shown)."""
     grouped: dict[str, StackClass] = {}
     for plan in plans:
         if not plan.ok:
             continue
         chain = plan.result["chain"]
-        key = json.dumps([chain, plan.result["artifacts"]], sort_keys=True)
+        key = json.dumps(without_urls([chain, plan.result["artifacts"]]), sort_keys=True)
         if key not in grouped:
             grouped[key] = StackClass(chain, plan.result["stack"], plan.result["artifacts"],
                                       list(plan.result.get("warnings") or []))

@@ -69,13 +69,14 @@ def test_a_role_variable_against_the_stack_stops_the_run_before_any_host_changes
 
 
 def verify(inventory: Path, host: str) -> PlayRun:
-    return play(inventory, host, "verify.yml")
+    # -v: the check's own message is printed for a passing node too.
+    return play(inventory, host, "verify.yml", "-v")
 
 
 def test_verify_proves_a_converged_node_runs_its_stack(lab_inventory: Path, host: str) -> None:
     run = verify(lab_inventory, host)
     assert run.rc == 0, run.output[-4000:]
-    assert run.recap.get("changed") == 0 and "the node's stack is consistent" in run.output
+    assert run.recap.get("changed") == 0 and "the node's stack is consistent" in run.output, run.output[-3000:]
 
 
 def test_verify_fails_when_the_loaded_driver_cannot_run_the_stacks_cuda(lab_inventory: Path, host: str) -> None:

@@ -69,8 +69,10 @@ def lab_copy(tmp_path: Path) -> Path:
     controller cache with the stand-ins' sha256 record the lab reads its runfile pins from."""
     inventory = tmp_path / "lab"
     shutil.copytree(PROJECT_ROOT / "inventories" / "lab" / "group_vars", inventory / "group_vars")
+    # Each lab host reaches the mirror at its own address (its own /30), as `gpufleet lab up` writes it.
     hosts = {"all": {"children": {"gpu_nodes": {"hosts": {
-        f"lab-{n}": {"ansible_host": f"10.9.9.{n}", "gpufleet_mirror_url": "http://10.9.9.254:8780"} for n in (1, 2)}}}}}
+        f"lab-{n}": {"ansible_host": f"10.9.9.{4 * n + 2}", "gpufleet_mirror_url": f"http://10.9.9.{4 * n + 1}:8780"}
+        for n in (1, 2)}}}}}
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     standins = tmp_path / "cache" / "mirror" / "nvidia"
     standins.mkdir(parents=True)
@@ -88,7 +90,7 @@ def test_the_lab_inventory_plans_one_class_from_its_stand_ins(lab_copy: Path) ->
     by_name = {item["name"]: item for item in lab["artifacts"]}
     # The stand-ins' own sha256 (the lab's pins) win over NVIDIA's for the toolkit runfiles.
     assert by_name["cuda_13.0.2_580.95.05_linux.run"]["sha256"] == "3" * 64
-    assert by_name["cuda_13.0.2_580.95.05_linux.run"]["url"] == "http://10.9.9.254:8780/nvidia/cuda_13.0.2_580.95.05_linux.run"
+    assert by_name["cuda_13.0.2_580.95.05_linux.run"]["url"] == "http://10.9.9.5:8780/nvidia/cuda_13.0.2_580.95.05_linux.run"
     assert by_name["Python-3.11.2.tgz"]["sha256"] == "2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849"
     assert [item["version"] for item in lab["chain"]["toolkits"]] == ["12.8.1", "13.0.2"]
 
