@@ -18,10 +18,6 @@ ARGUMENT_SPEC = {
     "stack": {"type": "dict"},
     "kb_dir": {"type": "path"},
 }
-# Role variables the stack owns (see plugins/module_utils/stack_conflicts.py), read here only when the
-# inventory sets them: this play loads no role, so no role default is among the task's variables.
-ROLE_VARIABLES = ("nvidia_driver_version", "cuda_toolkit_active", "cuda_toolkit_versions", "pyenv_python_versions",
-                  "pyenv_python_global", "inference_venv_stack", "inference_venv_python", "flash_attn_packages")
 
 
 class ActionModule(ActionBase):
@@ -38,8 +34,11 @@ class ActionModule(ActionBase):
         helpers = sys.modules[type(stack_lookup).__module__]
         if args.get("kb_dir"):
             os.environ["GPUFLEET_COMPAT_DIR"] = args["kb_dir"]
+        # The role variables the stack owns are read here only when the inventory sets them: this play loads
+        # no role, so no role default is among the task's variables.
+        role_variables = helpers.load_module_util("stack_conflicts").ROLE_VARIABLES
         names = ("gpufleet_mirror_url", "gpufleet_artifact_sha256", "cuda_toolkit_extra_versions",
-                 "inference_venv_stack_options", "pyenv_python_pyenv_version", "gpufleet_stack") + ROLE_VARIABLES
+                 "inference_venv_stack_options", "pyenv_python_pyenv_version", "gpufleet_stack") + role_variables
         variables = dict((name, self._templar.template(task_vars[name])) for name in names if name in task_vars)
         if args.get("stack") is not None:
             variables["gpufleet_stack"] = args["stack"]
@@ -72,7 +71,8 @@ class ActionModule(ActionBase):
     def _conflicts(self, result, helpers, variables, resolved, task_vars):
         """Fail when an inventory value of a role variable contradicts the stack, naming both and where each is."""
         conflicts_module = helpers.load_module_util("stack_conflicts")
-        plain = helpers.plain(dict((name, variables[name]) for name in ROLE_VARIABLES if name in variables))
+        plain = helpers.plain(dict((name, variables[name]) for name in conflicts_module.ROLE_VARIABLES
+                                   if name in variables))
         host, groups = task_vars.get("inventory_hostname"), list(task_vars.get("group_names") or [])
         found = conflicts_module.conflicts(plain, resolved)
         result["conflicts"] = [conflicts_module.describe(item, host, groups, task_vars.get("inventory_dir"))

@@ -12,6 +12,9 @@ import os
 import re
 
 _STACK_VARIABLE = "gpufleet_stack"
+# The role variables the stack owns, each compared by one check below.
+ROLE_VARIABLES = ("nvidia_driver_version", "cuda_toolkit_active", "cuda_toolkit_versions", "pyenv_python_versions",
+                  "pyenv_python_global", "inference_venv_stack", "inference_venv_python", "flash_attn_packages")
 
 
 def conflicts(variables: dict, resolved: dict) -> list:
