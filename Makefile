@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 VENV_STAMP := $(VENV)/.gpufleet-installed
 
-.PHONY: demo test venv deps lint unit clean
+.PHONY: demo test venv deps lint unit clean collection ee-context
 
 demo: venv deps
 	$(VENV)/bin/gpufleet demo
@@ -29,6 +29,15 @@ lint: venv
 
 unit: venv
 	$(VENV)/bin/python -m pytest tests/unit
+
+# The repository is the collection gpufleet.fleet (galaxy.yml); its tarball lands in build/.
+collection: venv
+	$(VENV)/bin/ansible-galaxy collection build --force --output-path build
+
+# The build context execution-environment.yml expects: the collection tarball under a name without its version.
+ee-context: collection
+	mkdir -p ee-collections
+	cp build/gpufleet-fleet-$$($(VENV)/bin/python -c 'import yaml; print(yaml.safe_load(open("galaxy.yml"))["version"])').tar.gz ee-collections/gpufleet-fleet.tar.gz
 
 clean:
 	rm -rf $(VENV) *.egg-info
