@@ -1,4 +1,4 @@
-"""`gpufleet lab up|status|down`: the lab fleet of Debian 12 hosts (systemd-nspawn) and its artifact mirror."""
+"""`gpufleet lab up|status|down`: the lab fleet (Debian 12 and 13 hosts in systemd-nspawn) and its mirror."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import time
 from gpufleet.errors import GpufleetError
 from gpufleet.lab import fleet
 from gpufleet.lab.config import LabConfig, load_config
+from gpufleet.lab.releases import DEFAULT_OS, RELEASES, parse_os_list
 
 DEFAULT_HOSTS = 2
 DEFAULT_BOOT_TIMEOUT = 180
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("lab", help="run a local lab fleet of Debian 12 hosts to test against")
+    parser = subparsers.add_parser("lab", help="run a local lab fleet of Debian 12 or 13 hosts to test against")
     parser.add_argument("--lab-dir", help="state directory (default: $GPUFLEET_LAB_DIR or /var/lib/gpufleet/lab)")
     parser.add_argument("--prefix", help="host name prefix (default: $GPUFLEET_LAB_PREFIX or 'lab')")
     parser.add_argument("--inventory", help="inventory file to write (default: inventories/lab/hosts.yml)")
@@ -22,6 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     up = actions.add_parser("up", help="start (or repair, or resize) the lab with N hosts and the mirror")
     up.add_argument("--hosts", type=int, default=DEFAULT_HOSTS, help=f"number of hosts (default {DEFAULT_HOSTS})")
+    up.add_argument("--os", default=DEFAULT_OS,
+                    help=f"the hosts' OS, or a comma-separated list cycled over them, one of {', '.join(RELEASES)} "
+                         f"(default {DEFAULT_OS}; --os debian12,debian13 gives a mixed fleet)")
     up.add_argument("--timeout", type=float, default=DEFAULT_BOOT_TIMEOUT,
                     help=f"seconds to wait for each host to boot (default {DEFAULT_BOOT_TIMEOUT})")
     up.set_defaults(func=run_up)
@@ -40,9 +44,10 @@ def config_from(args: argparse.Namespace) -> LabConfig:
 def run_up(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise GpufleetError(f"--timeout must be positive (got {args.timeout:g})")
+    releases = parse_os_list(args.os)
     config = config_from(args)
     started = time.monotonic()
-    result = fleet.up(config, args.hosts, args.timeout)
+    result = fleet.up(config, args.hosts, args.timeout, releases)
     for note in result.notes:
         print(f"lab: {note}")
     for name in result.removed:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +15,7 @@ from gpufleet.lab import inventory, keys, locks, mirror, network, pools, preflig
 from gpufleet.lab.addressing import host_address
 from gpufleet.lab.config import MIRROR_PORT, LabConfig
 from gpufleet.lab.host import Host
+from gpufleet.lab.releases import OsRelease, host_releases
 from gpufleet.lab.procs import is_alive, pids_with_argument, read_pid_file, stop_processes
 
 # nspawn powers the container off on SIGTERM; the supervisor allows 45 s before killing it.
@@ -115,10 +116,19 @@ def remove_hosts(config: LabConfig, indexes: list[int]) -> list[str]:
     return in_parallel(remove, indexes)
 
 
-def start_host(config: LabConfig, host: Host, image_hash: str, image_path: Path) -> None:
-    if not hostlib.rootfs_ready(host, image_hash):
-        hostlib.create_rootfs(host, image_path, image_hash)
-    hostlib.configure_rootfs(host, config, mirror.host_mirror_url(host.address))
+@dataclass(frozen=True)
+class Image:
+    """A release's cached root file system and the hash hosts made from it record."""
+
+    release: OsRelease
+    path: Path
+    hash: str
+
+
+def start_host(config: LabConfig, host: Host, image: Image) -> None:
+    if not hostlib.rootfs_ready(host, image.hash):
+        hostlib.create_rootfs(host, image.path, image.hash, image.release)
+    hostlib.configure_rootfs(host, config, mirror.host_mirror_url(host.address), image.release)
     network.create_host_network(host.name, config.veth_name(host.index), host.address)
     hostlib.start_supervisor(host)
 
@@ -139,14 +149,17 @@ def prepare_keys(config: LabConfig, hosts: list[Host]) -> None:
     keys.write_known_hosts(config.known_hosts, entries)
 
 
-def bring_up(config: LabConfig, host: Host, image_hash: str, image_path: Path) -> tuple[str, str]:
-    """Leaves a healthy host alone, repairs a broken one, creates a missing one: returns (what, why)."""
+def bring_up(config: LabConfig, host: Host, image: Image) -> tuple[str, str]:
+    """Leaves a healthy host of the wanted image alone, repairs a broken one, rebuilds one of another OS or
+    recipe, creates a missing one: returns (what, why)."""
     existed = host.host_dir.exists() or network.netns_exists(host.name)
     problems = host_problems(config, host) if existed else []
+    if existed and not hostlib.rootfs_ready(host, image.hash):
+        problems.append(f"not made from the {image.release.label} image {image.hash[:12]}")
     if existed and not problems:
         return "unchanged", ""
     cleaned = stop_host(config, host.name, host.index) if existed else []
-    start_host(config, host, image_hash, image_path)
+    start_host(config, host, image)
     return ("repaired", "; ".join(problems + cleaned)) if existed else ("created", "")
 
 
@@ -158,8 +171,23 @@ def in_parallel(function: Callable[[T], R], items: list[T]) -> list[R]:
         return list(executor.map(function, items))
 
 
-def up(config: LabConfig, count: int, timeout: float) -> UpResult:
-    """Brings the lab to exactly `count` healthy hosts plus the mirror, repairing what is broken."""
+def ensure_images(config: LabConfig, releases: Sequence[OsRelease], result: UpResult) -> dict[str, Image]:
+    """Each release's image by name, built first where its cache entry is missing."""
+    wanted = {release.name: release for release in releases}
+    if any(not rootfs.cached_tar(config.rootfs_cache_dir, release).is_file() for release in wanted.values()):
+        preflight.require_tools(preflight.BUILD_TOOLS)
+    images = {}
+    for name, release in wanted.items():
+        path, built = rootfs.ensure_rootfs(config.rootfs_cache_dir, release)
+        if built:
+            result.notes.append(f"built the {release.label} root file system image {path.name}")
+        images[name] = Image(release, path, rootfs.image_hash(release))
+    return images
+
+
+def up(config: LabConfig, count: int, timeout: float, releases: Sequence[OsRelease]) -> UpResult:
+    """Brings the lab to exactly `count` healthy hosts plus the mirror, repairing what is broken; host i runs
+    releases[(i - 1) % len(releases)]."""
     # Input first, then the environment: a wrong --hosts is reported even to a non-root user.
     preflight.validate_host_count(count, preflight.max_hosts(preflight.memory_total_bytes()))
     preflight.require_root()
@@ -171,12 +199,8 @@ def up(config: LabConfig, count: int, timeout: float) -> UpResult:
         if saved.get("pool") and saved["pool"] != pool:
             result.notes.append(f"address range {saved['pool']} is now in use on this machine; moved to {pool}")
             remove_hosts(config, sorted(existing_indexes(config)))
-        if not rootfs.cached_tar(config.rootfs_cache_dir).is_file():
-            preflight.require_tools(preflight.BUILD_TOOLS)
-        image_path, built = rootfs.ensure_rootfs(config.rootfs_cache_dir)
-        if built:
-            result.notes.append(f"built the root file system image {image_path.name}")
-        image_hash = rootfs.recipe_hash()
+        host_oses = host_releases(releases, count)
+        images = ensure_images(config, host_oses, result)
 
         extra = sorted(i for i in existing_indexes(config) if i > count)
         remove_hosts(config, extra)
@@ -184,7 +208,8 @@ def up(config: LabConfig, count: int, timeout: float) -> UpResult:
 
         hosts = [make_host(config, pool, index) for index in range(1, count + 1)]
         prepare_keys(config, hosts)
-        outcomes = in_parallel(lambda host: bring_up(config, host, image_hash, image_path), hosts)
+        host_images = {host.name: images[release.name] for host, release in zip(hosts, host_oses)}
+        outcomes = in_parallel(lambda host: bring_up(config, host, host_images[host.name]), hosts)
         started = []
         for host, (what, why) in zip(hosts, outcomes):
             if what == "unchanged":
@@ -206,7 +231,9 @@ def up(config: LabConfig, count: int, timeout: float) -> UpResult:
             if probe.state == "degraded":
                 result.notes.append(f"{host.name} is degraded; failed units:\n{hostlib.failed_units(config, host)}")
 
-        rows = [(h.name, str(h.address.host), mirror.host_mirror_url(h.address)) for h in hosts]
+        rows = [inventory.InventoryHost(h.name, str(h.address.host), mirror.host_mirror_url(h.address),
+                                        host_images[h.name].release.name, rootfs.python_interpreter(h.rootfs))
+                for h in hosts]
         inventory.write(config.inventory_path, inventory.render(config, rows))
     return result
 

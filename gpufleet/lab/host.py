@@ -18,6 +18,7 @@ from gpufleet.lab.addressing import HostAddress
 from gpufleet.lab.config import LabConfig
 from gpufleet.lab.network import netns_path
 from gpufleet.lab.procs import PidRecord, is_alive, read_pid_file
+from gpufleet.lab.releases import OsRelease
 from gpufleet.lab.rootfs import extract, tree_mkdir, tree_read, tree_write
 from gpufleet.lab.supervisor import host_paths
 
@@ -77,12 +78,12 @@ def rootfs_ready(host: Host, image_hash: str) -> bool:
         return False
 
 
-def create_rootfs(host: Host, image: Path, image_hash: str) -> None:
+def create_rootfs(host: Host, image: Path, image_hash: str, release: OsRelease) -> None:
     """Fresh copy of the image for the host; the marker is written last, so a crash leaves no half copy in use."""
     remove_host_dir(host.host_dir)
     host.host_dir.mkdir(parents=True)
     extract(image, host.rootfs)
-    host.marker.write_text(json.dumps({"image": image_hash, "name": host.name}) + "\n")
+    host.marker.write_text(json.dumps({"image": image_hash, "name": host.name, "os": release.name}) + "\n")
 
 
 def remove_host_dir(host_dir: Path) -> None:
@@ -91,17 +92,17 @@ def remove_host_dir(host_dir: Path) -> None:
         subprocess.run(["rm", "-rf", "--one-file-system", str(host_dir)], check=True)
 
 
-def sources_list(mirror_url: str) -> str:
+def sources_list(mirror_url: str, suite: str) -> str:
     """apt sources pointing at the lab mirror's pass-through of Debian's archive (hosts have no internet)."""
     return (
-        f"deb {mirror_url}/debian bookworm main\n"
-        f"deb {mirror_url}/debian bookworm-updates main\n"
-        f"deb {mirror_url}/debian-security bookworm-security main\n"
+        f"deb {mirror_url}/debian {suite} main\n"
+        f"deb {mirror_url}/debian {suite}-updates main\n"
+        f"deb {mirror_url}/debian-security {suite}-security main\n"
     )
 
 
-def configure_rootfs(host: Host, config: LabConfig, mirror_url: str) -> None:
-    """Writes the per-host identity: hostname, machine id, SSH keys, apt sources."""
+def configure_rootfs(host: Host, config: LabConfig, mirror_url: str, release: OsRelease) -> None:
+    """Writes the per-host identity: hostname, machine id, SSH keys, apt sources of the host's release."""
     root = host.rootfs
     tree_write(root, "etc/hostname", f"{host.name}\n")
     tree_write(root, "etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n::1\tlocalhost ip6-localhost\n")
@@ -114,7 +115,7 @@ def configure_rootfs(host: Host, config: LabConfig, mirror_url: str) -> None:
     tree_write(root, "etc/ssh/ssh_host_ed25519_key.pub", host_key.with_suffix(".pub").read_text())
     # Only the pre-generated key: the client verifies it against the lab known_hosts file.
     tree_write(root, "etc/ssh/sshd_config.d/gpufleet-lab.conf", "HostKey /etc/ssh/ssh_host_ed25519_key\n")
-    tree_write(root, "etc/apt/sources.list", sources_list(mirror_url))
+    tree_write(root, "etc/apt/sources.list", sources_list(mirror_url, release.suite))
 
 
 def start_supervisor(host: Host) -> None:

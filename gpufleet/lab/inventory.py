@@ -5,18 +5,28 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
 from gpufleet.lab.config import LabConfig
 
 HEADER = "# Written by `gpufleet lab up`; rewritten on every run, do not edit.\n"
-PYTHON_INTERPRETER = "/usr/bin/python3.11"
 
 
-def host_vars(config: LabConfig, address: str, mirror_url: str) -> dict[str, str]:
+class InventoryHost(NamedTuple):
+    """One lab host's entry: where it is, its mirror, its OS and the Python its root file system carries."""
+
+    name: str
+    address: str
+    mirror_url: str
+    os: str
+    python: str
+
+
+def host_vars(config: LabConfig, host: InventoryHost) -> dict[str, str]:
     return {
-        "ansible_host": address,
+        "ansible_host": host.address,
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(config.private_key),
         # Host keys are checked against the lab's own known_hosts file, never disabled.
@@ -24,14 +34,16 @@ def host_vars(config: LabConfig, address: str, mirror_url: str) -> dict[str, str
             f"-o UserKnownHostsFile={config.known_hosts} -o StrictHostKeyChecking=yes "
             "-o GlobalKnownHostsFile=/dev/null"
         ),
-        "ansible_python_interpreter": PYTHON_INTERPRETER,
-        "gpufleet_mirror_url": mirror_url,
+        "ansible_python_interpreter": host.python,
+        "gpufleet_mirror_url": host.mirror_url,
+        # Which lab image the host was made from (`gpufleet lab up --os`); Ansible's facts say the same.
+        "gpufleet_lab_os": host.os,
     }
 
 
-def render(config: LabConfig, hosts: Sequence[tuple[str, str, str]]) -> str:
-    """YAML text for (name, address, mirror_url) triples, hosts in the given order."""
-    entries = {name: host_vars(config, address, url) for name, address, url in hosts}
+def render(config: LabConfig, hosts: Sequence[InventoryHost]) -> str:
+    """YAML text for the hosts, in the given order."""
+    entries = {host.name: host_vars(config, host) for host in hosts}
     document = {"all": {"children": {"gpu_nodes": {"hosts": entries}}}}
     return HEADER + yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=1000)
 

@@ -1,4 +1,5 @@
-"""The lab hosts' Debian 12 root file system: built once with mmdebstrap, cached as a tar keyed by its recipe."""
+"""The lab hosts' root file systems, one per OS release: built once with mmdebstrap, cached as a tar keyed by
+its recipe."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 
 from gpufleet.errors import GpufleetError
+from gpufleet.lab.releases import OsRelease
 
 DEBIAN_ARCHIVE = "http://deb.debian.org/debian"
 
@@ -30,10 +33,10 @@ CUSTOMIZE_HOOKS = (
 )
 
 
-def recipe() -> dict:
-    """Everything that determines the image; its hash names the cached tar."""
+def recipe(release: OsRelease) -> dict:
+    """Everything that determines the release's image; its hash names the cached tar."""
     return {
-        "suite": "bookworm",
+        "suite": release.suite,
         "variant": "minbase",
         "architecture": "amd64",
         "mirror": DEBIAN_ARCHIVE,
@@ -42,17 +45,21 @@ def recipe() -> dict:
     }
 
 
-def recipe_hash(data: dict | None = None) -> str:
-    encoded = json.dumps(data if data is not None else recipe(), sort_keys=True).encode()
-    return hashlib.sha256(encoded).hexdigest()
+def recipe_hash(data: dict) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
-def cached_tar(cache_dir: Path) -> Path:
-    return cache_dir / f"{recipe_hash()}.tar"
+def image_hash(release: OsRelease) -> str:
+    """The release's image name: hosts record it, so a host of another OS or recipe is rebuilt."""
+    return recipe_hash(recipe(release))
 
 
-def mmdebstrap_command(target: Path) -> list[str]:
-    data = recipe()
+def cached_tar(cache_dir: Path, release: OsRelease) -> Path:
+    return cache_dir / f"{image_hash(release)}.tar"
+
+
+def mmdebstrap_command(target: Path, release: OsRelease) -> list[str]:
+    data = recipe(release)
     command = [
         "mmdebstrap",
         f"--variant={data['variant']}",
@@ -64,20 +71,20 @@ def mmdebstrap_command(target: Path) -> list[str]:
     return command + [data["suite"], str(target), data["mirror"]]
 
 
-def ensure_rootfs(cache_dir: Path) -> tuple[Path, bool]:
-    """The cached root file system tar, building it first if absent. Returns (path, built_now)."""
-    target = cached_tar(cache_dir)
+def ensure_rootfs(cache_dir: Path, release: OsRelease) -> tuple[Path, bool]:
+    """The release's cached root file system tar, building it first if absent. Returns (path, built_now)."""
+    target = cached_tar(cache_dir, release)
     if target.is_file():
         return target, False
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Build next to the target and rename, so an interrupted build never leaves a truncated cache entry.
     partial = target.with_name(f".{target.stem}.{os.getpid()}.partial.tar")
-    print(f"lab: building the Debian 12 root file system (once; cached as {target.name})", file=sys.stderr)
-    result = subprocess.run(mmdebstrap_command(partial), capture_output=True, text=True, check=False)
+    print(f"lab: building the {release.label} root file system (once; cached as {target.name})", file=sys.stderr)
+    result = subprocess.run(mmdebstrap_command(partial, release), capture_output=True, text=True, check=False)
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-        raise GpufleetError(f"mmdebstrap failed to build the lab root file system:\n{tail}")
+        raise GpufleetError(f"mmdebstrap failed to build the lab's {release.label} root file system:\n{tail}")
     os.replace(partial, target)
     return target, True
 
@@ -173,3 +180,21 @@ def tree_read(root: Path, relative: str) -> str:
         if not stat.S_ISREG(os.fstat(handle).st_mode):
             return ""
         return stream.read(1 << 20).decode(errors="replace")
+
+
+_PYTHON_NAME = re.compile(r"^python3\.[0-9]+$")
+
+
+def python_interpreter(root: Path) -> str:
+    """The interpreter Ansible runs modules with on a host: the rootfs's own python3 (python3.11 on Debian 12,
+    python3.13 on Debian 13), read from the usr/bin/python3 link without following any link of the tree."""
+    fd = _open_tree_dir(root, PurePosixPath("usr/bin"), None)
+    try:
+        target = os.readlink("python3", dir_fd=fd)
+    except OSError as error:
+        raise GpufleetError(f"{root}/usr/bin/python3 is not a link to python3.N: {error}") from error
+    finally:
+        os.close(fd)
+    if not _PYTHON_NAME.match(target):
+        raise GpufleetError(f"{root}/usr/bin/python3 points at {target!r}, not at python3.N in usr/bin")
+    return f"/usr/bin/{target}"

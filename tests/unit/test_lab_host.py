@@ -12,6 +12,7 @@ from gpufleet.lab import keys
 from gpufleet.lab.addressing import host_address
 from gpufleet.lab.config import LabConfig
 from gpufleet.lab.fleet import make_host, prepare_keys
+from gpufleet.lab.releases import RELEASES
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def test_known_hosts_lists_every_host_key(config: LabConfig) -> None:
 
 def test_configure_writes_identity_keys_and_sources(config: LabConfig, fake_tree: hostlib.Host) -> None:
     prepare_keys(config, [fake_tree])
-    hostlib.configure_rootfs(fake_tree, config, "http://10.213.7.9:8780")
+    hostlib.configure_rootfs(fake_tree, config, "http://10.213.7.9:8780", RELEASES["debian12"])
     root = fake_tree.rootfs
     assert (root / "etc/hostname").read_text() == "lab-2\n"
     assert "127.0.1.1\tlab-2" in (root / "etc/hosts").read_text()
@@ -71,11 +72,20 @@ def test_configure_writes_identity_keys_and_sources(config: LabConfig, fake_tree
     assert "deb http://10.213.7.9:8780/debian-security bookworm-security main" in sources
 
 
+def test_a_debian13_host_gets_trixie_sources(config: LabConfig, fake_tree: hostlib.Host) -> None:
+    prepare_keys(config, [fake_tree])
+    hostlib.configure_rootfs(fake_tree, config, "http://10.213.7.9:8780", RELEASES["debian13"])
+    sources = (fake_tree.rootfs / "etc/apt/sources.list").read_text().splitlines()
+    assert sources == ["deb http://10.213.7.9:8780/debian trixie main",
+                       "deb http://10.213.7.9:8780/debian trixie-updates main",
+                       "deb http://10.213.7.9:8780/debian-security trixie-security main"]
+
+
 def test_machine_id_survives_reconfiguration(config: LabConfig, fake_tree: hostlib.Host) -> None:
     prepare_keys(config, [fake_tree])
-    hostlib.configure_rootfs(fake_tree, config, "http://x:1")
+    hostlib.configure_rootfs(fake_tree, config, "http://x:1", RELEASES["debian12"])
     first = (fake_tree.rootfs / "etc/machine-id").read_text()
-    hostlib.configure_rootfs(fake_tree, config, "http://x:1")
+    hostlib.configure_rootfs(fake_tree, config, "http://x:1", RELEASES["debian12"])
     assert (fake_tree.rootfs / "etc/machine-id").read_text() == first
 
 
@@ -86,7 +96,7 @@ def test_configure_does_not_follow_links_out_of_the_tree(
     outside.write_text("precious\n")
     (fake_tree.rootfs / "etc/hostname").symlink_to(outside)
     prepare_keys(config, [fake_tree])
-    hostlib.configure_rootfs(fake_tree, config, "http://x:1")
+    hostlib.configure_rootfs(fake_tree, config, "http://x:1", RELEASES["debian12"])
     assert outside.read_text() == "precious\n"
     assert (fake_tree.rootfs / "etc/hostname").read_text() == "lab-2\n"
 

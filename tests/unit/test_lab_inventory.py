@@ -15,8 +15,8 @@ from gpufleet.lab import inventory
 from gpufleet.lab.config import LabConfig
 
 ROWS = [
-    ("lab-1", "10.213.7.6", "http://10.213.7.5:8780"),
-    ("lab-2", "10.213.7.10", "http://10.213.7.9:8780"),
+    inventory.InventoryHost("lab-1", "10.213.7.6", "http://10.213.7.5:8780", "debian12", "/usr/bin/python3.11"),
+    inventory.InventoryHost("lab-2", "10.213.7.10", "http://10.213.7.9:8780", "debian12", "/usr/bin/python3.11"),
 ]
 
 

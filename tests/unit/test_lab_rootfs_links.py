@@ -12,6 +12,7 @@ import pytest
 from gpufleet.lab import host as hostlib
 from gpufleet.lab.config import LabConfig
 from gpufleet.lab.fleet import make_host, prepare_keys
+from gpufleet.lab.releases import RELEASES
 from gpufleet.lab.rootfs import PlantedLinkError, tree_read, tree_write
 
 
@@ -54,7 +55,7 @@ def test_a_planted_directory_link_is_refused_and_nothing_outside_is_written(
     link.symlink_to(controller, target_is_directory=True)
     before = snapshot(controller)
     with pytest.raises(PlantedLinkError, match="is a symbolic link or not a directory"):
-        hostlib.configure_rootfs(reused, config, "http://x:1")
+        hostlib.configure_rootfs(reused, config, "http://x:1", RELEASES["debian12"])
     assert snapshot(controller) == before
 
 
@@ -65,7 +66,7 @@ def test_planted_file_links_are_replaced_not_followed(config: LabConfig, reused:
     (reused.rootfs / "etc/machine-id").unlink()
     (reused.rootfs / "etc/machine-id").symlink_to(controller / "authorized_keys")
     before = snapshot(controller)
-    hostlib.configure_rootfs(reused, config, "http://x:1")
+    hostlib.configure_rootfs(reused, config, "http://x:1", RELEASES["debian12"])
     assert snapshot(controller) == before
     for name in ("root/.ssh/authorized_keys", "etc/apt/sources.list", "etc/machine-id"):
         assert not (reused.rootfs / name).is_symlink()

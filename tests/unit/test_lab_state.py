@@ -18,6 +18,9 @@ import pytest
 from gpufleet.errors import GpufleetError
 from gpufleet.lab import fleet, locks, procs, rootfs, state
 from gpufleet.lab.config import LabConfig
+from gpufleet.lab.releases import RELEASES
+
+BOOKWORM = RELEASES["debian12"]
 
 
 @pytest.fixture
@@ -166,15 +169,26 @@ def test_host_index_parsing(config: LabConfig) -> None:
 
 
 def test_rootfs_recipe_hash_is_stable_and_content_keyed() -> None:
-    first = rootfs.recipe()
-    assert rootfs.recipe_hash(first) == rootfs.recipe_hash(rootfs.recipe())
+    first = rootfs.recipe(BOOKWORM)
+    assert rootfs.recipe_hash(first) == rootfs.recipe_hash(rootfs.recipe(BOOKWORM))
     changed = dict(first, packages=first["packages"] + ["jq"])
     assert rootfs.recipe_hash(changed) != rootfs.recipe_hash(first)
-    assert rootfs.cached_tar(Path("/c")) == Path(f"/c/{rootfs.recipe_hash()}.tar")
+    assert rootfs.cached_tar(Path("/c"), BOOKWORM) == Path(f"/c/{rootfs.image_hash(BOOKWORM)}.tar")
+
+
+def test_each_release_has_its_own_recipe_and_cache_entry() -> None:
+    trixie = RELEASES["debian13"]
+    assert rootfs.recipe(trixie) == dict(rootfs.recipe(BOOKWORM), suite="trixie")
+    assert rootfs.cached_tar(Path("/c"), trixie) != rootfs.cached_tar(Path("/c"), BOOKWORM)
+
+
+def test_mmdebstrap_command_names_the_release_suite(tmp_path: Path) -> None:
+    command = rootfs.mmdebstrap_command(tmp_path / "x.tar", RELEASES["debian13"])
+    assert command[-3:] == ["trixie", str(tmp_path / "x.tar"), rootfs.DEBIAN_ARCHIVE]
 
 
 def test_mmdebstrap_command_builds_what_the_hosts_need(tmp_path: Path) -> None:
-    command = rootfs.mmdebstrap_command(tmp_path / "x.tar")
+    command = rootfs.mmdebstrap_command(tmp_path / "x.tar", BOOKWORM)
     include = next(arg for arg in command if arg.startswith("--include="))
     for package in ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "iproute2", "sudo"):
         assert package in include.removeprefix("--include=").split(",")

@@ -1,0 +1,54 @@
+"""The operating systems a lab host can run: one Debian suite each, built by its own rootfs recipe."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpufleet.errors import GpufleetError
+
+
+@dataclass(frozen=True)
+class OsRelease:
+    """A lab OS: its name on the command line, its Debian suite, and how Ansible facts name it."""
+
+    name: str
+    suite: str
+    distribution: str
+    major: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.distribution} {self.major}"
+
+    @property
+    def release_key(self) -> str:
+        """The `<distribution>-<major>` key the roles' vars files and the supported-release list use."""
+        return f"{self.distribution}-{self.major}"
+
+
+# Only Debian suites: the lab machine reaches Debian's archive and no other (see the README's platform table).
+RELEASES = {
+    release.name: release
+    for release in (
+        OsRelease(name="debian12", suite="bookworm", distribution="Debian", major="12"),
+        OsRelease(name="debian13", suite="trixie", distribution="Debian", major="13"),
+    )
+}
+DEFAULT_OS = "debian12"
+
+
+def parse_os_list(text: str) -> list[OsRelease]:
+    """'debian12,debian13' -> the releases in that order; unknown or empty names are refused by name."""
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in RELEASES]
+    if unknown:
+        shown = ", ".join(repr(name) for name in unknown)
+        raise GpufleetError(f"--os {shown}: the lab boots {', '.join(RELEASES)} (comma-separated, cycled over "
+                            f"the hosts)")
+    return [RELEASES[name] for name in names]
+
+
+def host_releases(releases: Sequence[OsRelease], count: int) -> list[OsRelease]:
+    """The OS of hosts 1..count: the list cycled over the hosts (one name gives every host that OS)."""
+    return [releases[index % len(releases)] for index in range(count)]

@@ -1,0 +1,79 @@
+"""Mixed lab fleets: which OS each host runs, the Python its root file system gives Ansible, the --os flag."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet import PROJECT_ROOT
+from gpufleet.cli import main
+from gpufleet.errors import GpufleetError
+from gpufleet.lab import inventory, rootfs
+from gpufleet.lab.config import LabConfig
+from gpufleet.lab.releases import RELEASES, host_releases, parse_os_list
+
+
+def test_a_list_is_cycled_over_the_hosts() -> None:
+    releases = parse_os_list("debian12,debian13")
+    assert [r.name for r in host_releases(releases, 3)] == ["debian12", "debian13", "debian12"]
+    assert [r.name for r in host_releases(parse_os_list("debian13"), 2)] == ["debian13", "debian13"]
+
+
+def test_one_name_per_host_is_kept_in_order() -> None:
+    releases = parse_os_list("debian13, debian12")
+    assert [r.suite for r in host_releases(releases, 2)] == ["trixie", "bookworm"]
+
+
+@pytest.mark.parametrize("text", ["ubuntu24", "debian12,", "Debian12", ""])
+def test_an_os_the_lab_cannot_boot_is_refused_by_name(text: str) -> None:
+    with pytest.raises(GpufleetError, match="the lab boots debian12, debian13"):
+        parse_os_list(text)
+
+
+def test_the_cli_refuses_an_unknown_os_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lab", "up", "--hosts", "1", "--os", "debian12,rhel9"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--os 'rhel9'" in err
+
+
+def test_every_lab_release_is_a_release_gpufleet_supports() -> None:
+    supported = yaml.safe_load((PROJECT_ROOT / "playbooks/vars/platforms.yml").read_text())
+    for release in RELEASES.values():
+        assert release.release_key in supported["gpufleet_supported_releases"]
+
+
+def make_tree(root: Path, link: str) -> Path:
+    (root / "usr/bin").mkdir(parents=True)
+    os.symlink(link, root / "usr/bin/python3")
+    return root
+
+
+@pytest.mark.parametrize("link", ["python3.11", "python3.13"])
+def test_the_interpreter_is_the_one_the_rootfs_carries(tmp_path: Path, link: str) -> None:
+    assert rootfs.python_interpreter(make_tree(tmp_path, link)) == f"/usr/bin/{link}"
+
+
+def test_a_python3_link_out_of_usr_bin_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(GpufleetError, match="not at python3.N"):
+        rootfs.python_interpreter(make_tree(tmp_path, "../../opt/evil/python3.13"))
+
+
+def test_a_linked_usr_bin_is_not_followed(tmp_path: Path) -> None:
+    make_tree(tmp_path / "elsewhere", "python3.13")
+    (tmp_path / "root/usr").mkdir(parents=True)
+    os.symlink(tmp_path / "elsewhere/usr/bin", tmp_path / "root/usr/bin")
+    with pytest.raises(rootfs.PlantedLinkError):
+        rootfs.python_interpreter(tmp_path / "root")
+
+
+def test_the_inventory_records_each_hosts_os_and_python(tmp_path: Path) -> None:
+    config = LabConfig(cache_dir=tmp_path, lab_dir=tmp_path, prefix="h", inventory_path=tmp_path / "h.yml")
+    hosts = [inventory.InventoryHost("h-1", "10.0.0.2", "http://10.0.0.1:8780", "debian12", "/usr/bin/python3.11"),
+             inventory.InventoryHost("h-2", "10.0.0.6", "http://10.0.0.5:8780", "debian13", "/usr/bin/python3.13")]
+    entries = yaml.safe_load(inventory.render(config, hosts))["all"]["children"]["gpu_nodes"]["hosts"]
+    assert entries["h-1"]["gpufleet_lab_os"] == "debian12"
+    assert entries["h-2"]["gpufleet_lab_os"] == "debian13"
+    assert entries["h-2"]["ansible_python_interpreter"] == "/usr/bin/python3.13"
