@@ -45,7 +45,7 @@ class DriftRun:
 
     @property
     def exit_code(self) -> int:
-        """0 no drift, 2 drift, 1 the run failed (no report, or a node or layer not compared)."""
+        """FleetReport.exit_code (0, 2 or 3, or 1 when not every node or layer was compared); 1 with no report."""
         if self.report is None or not self.report.nodes:
             return 1
         return self.report.exit_code

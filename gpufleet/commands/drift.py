@@ -31,8 +31,13 @@ from gpufleet.report_formats import REPORT_FILES, summary_table
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "drift", help="report which nodes and layers differ from the declared state (read-only)",
-        description="Compare each node's layers (" + ", ".join(LAYERS) + ") with what the inventory declares, "
-                    "without changing anything. Exit 0: no drift, 2: drift, 1: the run failed.")
+        description="Compare each node's layers (" + ", ".join(LAYERS) + ")\nwith what the inventory declares, "
+                    "without changing anything.\n\nExit status:\n"
+                    "  0  every node compared, no drift\n"
+                    "  2  drift found, every node compared\n"
+                    "  3  drift found, and some node or layer could not be compared (unreachable or an error)\n"
+                    "  1  no drift found but not everything was compared, or the run failed",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-i", "--inventory", type=Path, help="inventory file or directory")
     parser.add_argument("--limit", help="only these hosts or groups (ansible --limit)")
     parser.add_argument("--layers", help="only these layers, comma-separated, e.g. toolkit,venv")

@@ -142,3 +142,12 @@ def test_bad_input_is_one_line_and_runs_nothing(arguments: list[str], message: s
 def test_the_schema_is_printed(tmp_path: Path) -> None:
     result = gpufleet("drift", "--schema", runs=tmp_path)
     assert result.returncode == 0 and json.loads(result.stdout) == JSON_SCHEMA
+
+
+def test_help_documents_every_exit_status_the_report_can_give(tmp_path: Path) -> None:
+    from gpufleet import report
+    result = gpufleet("drift", "--help", runs=tmp_path)
+    assert result.returncode == 0
+    documented = {int(line.split()[0]) for line in result.stdout.splitlines()
+                  if line.startswith("  ") and line.split() and line.split()[0].isdigit()}
+    assert documented == {report.EXIT_OK, report.EXIT_FAILED, report.EXIT_DRIFT, report.EXIT_DRIFT_INCOMPLETE}
