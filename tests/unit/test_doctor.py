@@ -1,0 +1,132 @@
+"""gpufleet doctor's matching, on what a real H200 and vLLM printed (tests/fixtures/h200-real) and on real
+failure lines from NVIDIA's driver and vLLM (sources in data/doctor/signatures.yml)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet import PROJECT_ROOT
+from gpufleet.commands.doctor import EXIT_USAGE, diagnose, format_findings, load_signatures
+
+REAL = PROJECT_ROOT / "tests" / "fixtures" / "h200-real"
+SIGNATURES = load_signatures()
+
+
+def healthy_h200() -> dict[str, Any]:
+    """The evidence doctor.yml gathers, built from the real H200 captures: a serving node."""
+    journal = (REAL / "vllm_serve.log").read_text().splitlines()
+    return {
+        "health": {"healthy": True, "problems": [], "xids": []},
+        "nvml": json.loads((REAL / "nvidia_gpu_info.json").read_text()),
+        "torch": json.loads((REAL / "torch_stack_info.json").read_text()),
+        "node": {
+            "nvidia_smi": {"rc": 0, "output": (REAL / "nvidia-smi-query.csv").read_text()},
+            "kernel_module_version": "580.159.04",
+            "dkms": {"rc": None, "output": "dkms is not installed"},
+            "instances": [{"name": "main", "active": "active", "port": "8000", "model": "/WORK/models/tiny-qwen2-gpu",
+                           "model_exists": True, "journal": journal,
+                           "proxy_key": {"matches": True, "proxy_key_ids": ["a"], "vllm_key_id": "a",
+                                         "http_status": "200"}}],
+            "disk": [{"path": "/", "free_mib": 50000, "total_mib": 100000}],
+        },
+        "venv": "/opt/torch/.venv",
+    }
+
+
+def ids(evidence: dict[str, Any]) -> list[str]:
+    return [finding["id"] for finding in diagnose(evidence, SIGNATURES)]
+
+
+def test_the_real_serving_h200_has_no_finding() -> None:
+    assert ids(healthy_h200()) == []
+    assert "no known failure signature" in format_findings("h200", [])
+
+
+def with_journal(*lines: str, active: str = "failed") -> dict[str, Any]:
+    evidence = healthy_h200()
+    instance = evidence["node"]["instances"][0]
+    instance["journal"] = instance["journal"][:20] + list(lines)
+    instance["active"] = active
+    return evidence
+
+
+@pytest.mark.parametrize("line, expected", [
+    # vLLM's worker (vllm/utils/mem_utils.py), as users reported it.
+    ("ValueError: Free memory on device cuda:0 (7.34/15.49 GiB) on startup is less than desired GPU memory "
+     "utilization (0.8, 12.39 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+     "gpu-memory-utilization-too-high"),
+    ("RuntimeError: CUDA driver version is insufficient for CUDA runtime version", "cuda-driver-insufficient"),
+    ("torch.AcceleratorError: CUDA error: no kernel image is available for execution on the device",
+     "no-kernel-image"),
+    ("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", "libcudart-missing"),
+    ("RuntimeError: CUDA error: system not yet initialized (Error 802)", "cuda-system-not-initialized"),
+    ("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+     "'/var/lib/gpufleet/models/tiny-qwen2'. Use `repo_type` argument if needed.", "model-missing"),
+])
+def test_a_failing_instance_is_named_by_its_journal(line: str, expected: str) -> None:
+    found = diagnose(with_journal(line), SIGNATURES)
+    assert [finding["id"] for finding in found] == [expected, "instance-failed"]
+    assert found[0]["evidence"] == line and found[0]["where"] == "journal vllm@main"
+
+
+def test_a_driver_library_mismatch_comes_before_what_it_causes() -> None:
+    evidence = with_journal("RuntimeError: CUDA driver version is insufficient for CUDA runtime version")
+    evidence["nvml"] = {"failed": True, "error_kind": "version_mismatch",
+                        "msg": "Failed to initialize NVML (libnvidia-ml.so.1): Driver/library version mismatch "
+                               "(NVML_ERROR_LIB_RM_VERSION_MISMATCH): ..."}
+    evidence["node"]["nvidia_smi"] = {"rc": 18, "output": "Failed to initialize NVML: Driver/library version mismatch"}
+    found = ids(evidence)
+    assert found[0] == "driver-library-mismatch" and "cuda-driver-insufficient" in found
+
+
+def test_structured_checks_of_the_node() -> None:
+    evidence = healthy_h200()
+    instance = evidence["node"]["instances"][0]
+    instance.update(model_exists=False, proxy_key={"matches": False, "proxy_key_ids": ["b"], "vllm_key_id": "a",
+                                                  "http_status": "401 Unauthorized"})
+    evidence["node"]["disk"][0]["free_mib"] = 100
+    evidence["node"]["kernel_module_version"] = "570.133.20"
+    found = diagnose(evidence, SIGNATURES)
+    assert [finding["id"] for finding in found] == ["driver-library-mismatch", "model-missing",
+                                                   "proxy-key-rejected", "disk-full"]
+    assert "HTTP 401 Unauthorized" in found[2]["evidence"]
+    text = format_findings("node-1", found)
+    assert text.splitlines()[0] == "node-1: 4 finding(s), most likely first" and "fix: restage the model" in text
+
+
+def test_gpu_health_problems_are_findings() -> None:
+    evidence = healthy_h200()
+    evidence["health"]["problems"] = [
+        {"check": "xid", "evidence": "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus",
+         "message": "XID 79 on the GPU at PCI 0000:44:00 since boot (GPU has fallen off the bus)"},
+        {"check": "ecc", "evidence": "ecc_errors_uncorrected_volatile=3", "message": "GPU 0 (x): 3 uncorrectable "
+         "volatile ECC errors (at most 0 allowed): drain the node and reset the GPU"}]
+    assert ids(evidence) == ["gpu-lost", "xid-ecc", "xid-other"]
+
+
+def test_every_signature_names_a_source_and_compiles() -> None:
+    known = {"nvidia_smi", "nvml", "health", "journal", "torch", "node"}
+    for signature in SIGNATURES:
+        assert signature["source"] and signature["cause"] and signature["fix"]
+        assert set(signature["in"]) <= known, signature["id"]
+
+
+def test_exit_codes_are_documented_and_bad_input_is_refused(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "gpufleet", "doctor"]
+    help_text = subprocess.run([*command, "--help"], capture_output=True, text=True, check=True).stdout
+    assert "3 the node could not be read" in help_text
+    missing = subprocess.run([*command, "-i", str(tmp_path / "none.yml"), "--limit", "x"], capture_output=True,
+                             text=True, check=False)
+    assert missing.returncode == EXIT_USAGE and "does not exist" in missing.stderr
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    known: {ansible_connection: local}\n")
+    unknown = subprocess.run([*command, "-i", str(inventory), "--limit", "unknown-node"], capture_output=True,
+                             text=True, check=False, cwd=PROJECT_ROOT, timeout=300)
+    assert unknown.returncode == EXIT_USAGE and "unknown-node" in unknown.stderr, unknown.stderr
