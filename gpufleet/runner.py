@@ -20,6 +20,22 @@ def runs_dir() -> Path:
     return Path(os.environ.get("GPUFLEET_RUNS_DIR", "/var/lib/gpufleet/runs"))
 
 
+def make_run_dir(path: Path) -> Path:
+    """Creates a run's directory; GpufleetError naming the directory and the fix when it cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise GpufleetError(_unwritable(path, error.strerror or str(error))) from error
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise GpufleetError(_unwritable(path, "permission denied"))
+    return path
+
+
+def _unwritable(path: Path, why: str) -> str:
+    return (f"cannot keep the run's records in {path} ({why}): run as a user who can write there, or set "
+            "GPUFLEET_RUNS_DIR to a directory you can write")
+
+
 def ensure_ansible_on_path() -> None:
     """ansible-runner starts `ansible-playbook` from PATH: use the one installed beside this gpufleet, also
     when its environment is not activated (.venv/bin/gpufleet called by path)."""
@@ -83,8 +99,7 @@ def run_playbook(
         raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
     ensure_ansible_on_path()
     run_id = run_id or time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
-    private_dir = (runs_root or runs_dir()) / run_id
-    private_dir.mkdir(parents=True, exist_ok=True)
+    private_dir = make_run_dir((runs_root or runs_dir()) / run_id)
     cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
     runner = ansible_runner.run(
         private_data_dir=str(private_dir),

@@ -151,3 +151,25 @@ def test_help_documents_every_exit_status_the_report_can_give(tmp_path: Path) ->
     documented = {int(line.split()[0]) for line in result.stdout.splitlines()
                   if line.startswith("  ") and line.split() and line.split()[0].isdigit()}
     assert documented == {report.EXIT_OK, report.EXIT_FAILED, report.EXIT_DRIFT, report.EXIT_DRIFT_INCOMPLETE}
+
+
+def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-m", "gpufleet", "drift", "--schema"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
+                               env=dict(os.environ, GPUFLEET_RUNS_DIR=str(tmp_path)))
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # as `| head` does once it has its lines; the CLI has not written yet
+    stderr = process.stderr.read()
+    assert process.wait(timeout=60) == 141
+    assert "Traceback" not in stderr, stderr
+
+
+def test_a_runs_directory_that_cannot_be_written_is_named_with_the_fix(inventory: Path, tmp_path: Path) -> None:
+    not_a_directory = tmp_path / "a-file"
+    not_a_directory.write_text("")
+    result = gpufleet("drift", "-i", str(inventory), "--limit", "controller", "--layers", "base",
+                      runs=not_a_directory / "runs")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot keep the run's records in {not_a_directory / 'runs'}" in result.stderr
+    assert "GPUFLEET_RUNS_DIR" in result.stderr
