@@ -53,6 +53,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "default 20)")
     parser.add_argument("--runs", action="store_true", help="list the stored drift runs and exit")
     parser.add_argument("--schema", action="store_true", help="print the JSON Schema of report.json and exit")
+    parser.add_argument("--query", metavar="JMESPATH",
+                        help="print what a JMESPath expression selects from report.json (of this run with -i, "
+                             "else of the stored run --against names); each node also carries its name as "
+                             "`node`, e.g. every node whose venv drifted: "
+                             "\"nodes.* | [?layers.venv.status=='drifted'].node\"")
     parser.set_defaults(func=run)
 
 
@@ -63,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.runs:
         return list_runs()
     if args.inventory is None:
+        if args.query:
+            return print_query(args.query, find_report(args.against)[1])
         if args.since:
             return compare_stored(args.since, args.against)
         raise GpufleetError("give -i INVENTORY to run a drift check, or --since RUN to compare stored runs")
@@ -94,7 +101,26 @@ def check(args: argparse.Namespace) -> int:
         print(f"report copied to {args.out}")
     if baseline is not None:
         print_changes(args.since, baseline, result.run_id, result.report)
+    if args.query:
+        print_query(args.query, result.report)
     return result.exit_code
+
+
+def print_query(expression: str, report: FleetReport) -> int:
+    """Prints the JSON that a JMESPath expression selects from report.json's document."""
+    import jmespath
+    from jmespath.exceptions import JMESPathError
+
+    document = report.to_dict()
+    for name, node in document["nodes"].items():
+        node["node"] = name
+    try:
+        selected = jmespath.search(expression, document)
+    except JMESPathError as error:
+        raise GpufleetError(f"--query {expression!r} is not a JMESPath expression that applies to the report: "
+                            f"{error}; the report's fields are in `gpufleet drift --schema`") from None
+    print(json.dumps(selected, indent=2, sort_keys=True))
+    return 0
 
 
 def copy_report(source: Path, destination: Path) -> None:

@@ -173,3 +173,17 @@ def test_a_runs_directory_that_cannot_be_written_is_named_with_the_fix(inventory
     assert "Traceback" not in result.stderr, result.stderr
     assert f"cannot keep the run's records in {not_a_directory / 'runs'}" in result.stderr
     assert "GPUFLEET_RUNS_DIR" in result.stderr
+
+
+def test_query_selects_from_a_stored_report_with_jmespath(first_run) -> None:
+    _, runs = first_run
+    first = min(runs.iterdir())
+    drifted = gpufleet("drift", "--query", "nodes.* | [?layers.toolkit.status=='drifted'].node",
+                       "--against", str(first), runs=runs)
+    assert drifted.returncode == 0, drifted.stderr
+    assert json.loads(drifted.stdout) == ["controller"]
+    unreachable = gpufleet("drift", "--query", "nodes.gone.status", "--against", str(first), runs=runs)
+    assert json.loads(unreachable.stdout) == "unreachable"
+    bad = gpufleet("drift", "--query", "nodes[?", "--against", str(first), runs=runs)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "--query 'nodes[?' is not a JMESPath expression" in bad.stderr
