@@ -168,3 +168,23 @@ def test_values_that_could_add_a_directive_are_refused(tmp_path: Path, variable:
     assert result.returncode == 2
     assert "Refuse values that are not what their nginx directive takes" in result.stdout
     assert not (tmp_path / "site.conf").exists()
+
+
+def test_a_drained_or_cordoned_node_answers_503_with_retry_after_on_the_api_port_only(site: str) -> None:
+    api, metrics = servers(site)
+    # Server-level: tested in the server's rewrite phase, before any location (/health too) is chosen.
+    head = api.split("    location = /metrics {")[0]
+    assert "if (-f /etc/gpufleet/cordon) {\n        return 503;" in head
+    assert "if (-f /etc/gpufleet/drain) {\n        return 503;" in head
+    assert "error_page 503 = @gpufleet_drained;" in head
+    (drained,) = blocks(api, "@gpufleet_drained")
+    assert "add_header Retry-After 30 always;" in drained
+    assert "return 503 " in drained
+    # Prometheus still reads a drained node.
+    assert "/etc/gpufleet" not in metrics
+
+
+def test_the_drain_files_follow_the_state_dir(tmp_path: Path) -> None:
+    site = render(tmp_path, inference_proxy_state_dir="/srv/state", inference_proxy_drain_retry_after=5)
+    assert "if (-f /srv/state/cordon)" in site and "if (-f /srv/state/drain)" in site
+    assert "Retry-After 5 always" in site

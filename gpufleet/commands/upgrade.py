@@ -1,0 +1,158 @@
+"""`gpufleet upgrade -i INVENTORY`: roll a changed declaration out over the fleet, a batch at a time.
+
+A drift check of the targeted nodes gives each node the layers it must change (those that drifted, and the
+layers built on them, as `gpufleet rebuild` plans them); nodes that match the declaration are not touched.
+playbooks/upgrade.yml then drains, stops, rebuilds, gates and undrains at most --max-unavailable nodes at a
+time, rolls a failed node back to what it served before, and stops once more than --max-fail nodes failed.
+Exit codes: 0 every node upgraded or already matching (cordoned nodes skipped), 1 the rollout stopped or
+could not start (the message says which node, why, and the state it was left in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet.drift import inventory_hosts, parse_layers, run_drift
+from gpufleet.drift_rebuild import plan_rebuild
+from gpufleet.errors import GpufleetError
+from gpufleet.report import FleetReport
+from gpufleet.report_formats import summary_table
+from gpufleet.runner import format_summary, run_playbook
+
+OUTCOME_TASK = "Record the node's outcome"
+SKIP_TASK = "Record why the node was left as it is"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "upgrade", help="roll a changed declaration out over the fleet, a batch at a time (playbooks/upgrade.yml)",
+        description="Apply the declaration to every node that differs from it, at most --max-unavailable nodes "
+                    "out of service at once: drain at the proxy, stop, rebuild the changed layers, health gate and "
+                    "warm-up, undrain. A node that fails is rolled back and the rollout stops.")
+    parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
+    parser.add_argument("--max-unavailable", default="1",
+                        help="nodes out of service at once: a number, or a percentage of the nodes (default 1)")
+    parser.add_argument("--max-fail", type=int, default=0,
+                        help="stop once more than this many nodes failed and were rolled back (default 0)")
+    parser.add_argument("--limit", help="only these nodes (ansible --limit pattern)")
+    parser.add_argument("--force", action="store_true",
+                        help="also upgrade the cordoned nodes named in --limit (they stay cordoned)")
+    parser.add_argument("--layers", help="only consider these layers (comma-separated), as gpufleet drift --layers")
+    parser.set_defaults(func=run)
+
+
+def parse_max_unavailable(text: str, fleet: int) -> str:
+    """'2' or '50%' checked against the fleet's size; GpufleetError with one clear message otherwise."""
+    match = re.fullmatch(r"([0-9]+)(%?)", text.strip())
+    if not match or int(match.group(1)) < 1:
+        raise GpufleetError(f"--max-unavailable {text}: give a number of nodes (1 or more) or a percentage like 25%")
+    count, percent = int(match.group(1)), bool(match.group(2))
+    if percent and (count > 100 or count * fleet // 100 < 1):
+        raise GpufleetError(f"--max-unavailable {text}: of {fleet} nodes that is no node at all (or more than all); "
+                            "give a larger percentage or a number")
+    if not percent and count > fleet:
+        raise GpufleetError(f"--max-unavailable {count} is more than the {fleet} nodes this upgrade targets")
+    return f"{count}%" if percent else str(count)
+
+
+def named_hosts(inventory: Path, limit: str | None) -> list[str]:
+    """The hosts --limit names one by one; GpufleetError for a name that is neither a node nor a pattern."""
+    if not limit:
+        return []
+    every = set(inventory_hosts(inventory))
+    named = []
+    for token in re.split(r"[,:]", limit):
+        name = token.strip()
+        # Exclusions, intersections and patterns name no node one by one.
+        if not name or name[0] in "!&" or any(char in name for char in "*?[]~"):
+            continue
+        if name in every:
+            named.append(name)
+        elif not inventory_hosts(inventory, name):
+            raise GpufleetError(f"--limit {limit}: {name} is no node of {inventory} (group gpu_nodes)")
+    return named
+
+
+def node_plans(report: FleetReport) -> dict[str, list[str]]:
+    """Node -> the layers its upgrade rebuilds (empty: it matches the declaration)."""
+    plans = {}
+    for name, node in report.nodes.items():
+        plan = plan_rebuild(FleetReport(report.layers, {name: node}))
+        if plan.refused:
+            raise GpufleetError(f"upgrade: {plan.refused}; no node was touched")
+        plans[name] = plan.layers
+    return plans
+
+
+@dataclass
+class Outcomes:
+    """ansible-runner event handler: each node's upgrade_outcome, as the playbook records it."""
+
+    nodes: dict[str, dict] = field(default_factory=dict)
+
+    def __call__(self, event: dict) -> bool:
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_ok" and data.get("task") in (OUTCOME_TASK, SKIP_TASK):
+            outcome = ((data.get("res") or {}).get("ansible_facts") or {}).get("upgrade_outcome")
+            if outcome:
+                self.nodes[str(outcome["node"])] = outcome
+                print(f"upgrade: {describe(outcome)}", flush=True)
+        elif event.get("event") in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            message = str((data.get("res") or {}).get("msg") or "failed").strip().splitlines()[0][:400]
+            print(f"upgrade: {data.get('host')}: {data.get('task')}: {message}", flush=True)
+        return True
+
+
+def describe(outcome: dict) -> str:
+    text = f"{outcome['node']}: {outcome['status']}"
+    if outcome.get("layers"):
+        text += f" (layers {', '.join(outcome['layers'])}, {outcome.get('seconds', 0)} s)"
+    if str(outcome.get("reason", "")).strip():
+        text += f" - {str(outcome['reason']).strip()}"
+    return text + f"; {str(outcome.get('state', '')).strip()}"
+
+
+def run(args: argparse.Namespace) -> int:
+    layers = parse_layers(args.layers)
+    hosts = inventory_hosts(args.inventory, args.limit)
+    if not hosts:
+        raise GpufleetError(f"--limit {args.limit} matches no node of {args.inventory} (group gpu_nodes)")
+    named = named_hosts(args.inventory, args.limit)
+    max_unavailable = parse_max_unavailable(args.max_unavailable, len(hosts))
+    if args.max_fail < 0:
+        raise GpufleetError("--max-fail must be 0 or more")
+    limit = ",".join(hosts)
+    print(f"upgrade: {len(hosts)} nodes, at most {max_unavailable} out of service at once; drift check first")
+    before = run_drift(args.inventory, limit=limit, layers=layers, say=print)
+    if before.report is None:
+        raise GpufleetError(f"the drift check before the upgrade wrote no report; see {before.run_dir}")
+    print(summary_table(before.report))
+    plans = node_plans(before.report)
+    for host in hosts:
+        print(f"upgrade: {host}: " + (f"layers {', '.join(plans.get(host, []))}" if plans.get(host) else "matches the declaration"))
+    extravars = {"upgrade_max_unavailable": max_unavailable, "upgrade_max_fail": args.max_fail,
+                 "upgrade_plan": {host: plans.get(host, []) for host in hosts}, "upgrade_named": named,
+                 "upgrade_force": named if args.force else []}
+    outcomes = Outcomes()
+    result = run_playbook("upgrade.yml", args.inventory, limit=limit, extravars=extravars, quiet=True,
+                          event_handler=outcomes)
+    print()
+    print(format_summary(result))
+    return report(result.rc, hosts, outcomes.nodes, result.artifacts)
+
+
+def report(rc: int, hosts: list[str], outcomes: dict[str, dict], artifacts: Path) -> int:
+    """Every node's outcome; a GpufleetError naming the nodes that stopped the rollout."""
+    for host in hosts:
+        if host not in outcomes:
+            print(f"upgrade: {host}: not started (the rollout stopped before it, or it could not be reached)")
+    stopped = [describe(o) for o in outcomes.values() if o["status"] in ("rolled_back", "failed")]
+    if stopped:
+        raise GpufleetError("the rollout stopped: " + " | ".join(stopped))
+    if rc != 0:
+        raise GpufleetError(f"the rollout stopped before it touched a node or when a node could not be reached "
+                            f"(ansible rc {rc}); its output is in {artifacts}")
+    return 0

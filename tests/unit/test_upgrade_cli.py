@@ -1,0 +1,108 @@
+"""`gpufleet upgrade` and `gpufleet cordon`: the checks made before any node is touched, the per-node plan
+from a drift report, and the outcomes read from the playbook's events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.cli import build_parser
+from gpufleet.commands.upgrade import OUTCOME_TASK, Outcomes, named_hosts, node_plans, parse_max_unavailable, report
+from gpufleet.errors import GpufleetError
+from gpufleet.report import ReportBuilder
+
+INVENTORY = """
+all:
+  children:
+    gpu_nodes:
+      children:
+        h200:
+          hosts:
+            node-1: {}
+            node-2: {}
+            node-3: {}
+"""
+
+
+@pytest.fixture()
+def inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "hosts.yml"
+    path.write_text(INVENTORY)
+    return path
+
+
+@pytest.mark.parametrize(("text", "fleet", "expected"), [("1", 3, "1"), ("3", 3, "3"), ("50%", 4, "50%"),
+                                                          ("34%", 3, "34%")])
+def test_max_unavailable_within_the_fleet(text: str, fleet: int, expected: str) -> None:
+    assert parse_max_unavailable(text, fleet) == expected
+
+
+@pytest.mark.parametrize(("text", "fleet", "message"), [
+    ("4", 3, "more than the 3 nodes"), ("0", 3, "1 or more"), ("two", 3, "a number of nodes"),
+    ("10%", 3, "no node at all"), ("150%", 3, "more than all"),
+])
+def test_max_unavailable_beyond_the_fleet_is_refused(text: str, fleet: int, message: str) -> None:
+    with pytest.raises(GpufleetError, match=message):
+        parse_max_unavailable(text, fleet)
+
+
+def test_named_hosts_and_an_unknown_node(inventory: Path) -> None:
+    assert named_hosts(inventory, "node-1,node-3") == ["node-1", "node-3"]
+    # Groups and patterns name no node one by one.
+    assert named_hosts(inventory, "h200:!node-2") == []
+    assert named_hosts(inventory, None) == []
+    with pytest.raises(GpufleetError, match="node-9 is no node of"):
+        named_hosts(inventory, "node-1,node-9")
+
+
+def drift_report(drifted: dict[str, list[str]], unreachable: tuple[str, ...] = ()) -> object:
+    builder = ReportBuilder()
+    for node in ("node-1", "node-2"):
+        builder.record_plan(node, ["venv", "kernels", "serve", "proxy"])
+        if node in unreachable:
+            builder.record_unreachable(node, "Connection refused")
+            continue
+        for layer in ("venv", "kernels", "serve", "proxy"):
+            status = "drifted" if layer in drifted.get(node, []) else "ok"
+            builder.record_layer(node, {"layer": layer, "status": status, "drift": [], "checked": 1})
+    return builder.build()
+
+
+def test_each_node_gets_its_own_changed_layers() -> None:
+    plans = node_plans(drift_report({"node-1": ["venv"], "node-2": ["serve"]}))
+    assert plans == {"node-1": ["venv", "kernels", "serve", "proxy"], "node-2": ["serve", "proxy"]}
+    assert node_plans(drift_report({})) == {"node-1": [], "node-2": []}
+
+
+def test_an_unreachable_node_stops_the_upgrade_before_it_starts() -> None:
+    with pytest.raises(GpufleetError, match="node-2 cannot be reached.*no node was touched"):
+        node_plans(drift_report({"node-1": ["venv"]}, unreachable=("node-2",)))
+
+
+def test_outcomes_are_read_from_the_playbooks_events(capsys: pytest.CaptureFixture[str]) -> None:
+    outcomes = Outcomes()
+    outcome = {"node": "node-1", "status": "rolled_back", "layers": ["serve"], "seconds": 12.5,
+               "reason": "vllm@main did not become ready", "state": "rolled back, serving"}
+    outcomes({"event": "runner_on_ok", "event_data": {"task": OUTCOME_TASK, "res": {"ansible_facts": {
+        "upgrade_outcome": outcome}}}})
+    outcomes({"event": "runner_on_ok", "event_data": {"task": "another task", "res": {}}})
+    assert outcomes.nodes == {"node-1": outcome}
+    assert "node-1: rolled_back (layers serve, 12.5 s) - vllm@main did not become ready; rolled back, serving" in \
+        capsys.readouterr().out
+    with pytest.raises(GpufleetError, match="the rollout stopped: node-1: rolled_back"):
+        report(2, ["node-1", "node-2"], outcomes.nodes, Path("/nowhere"))
+
+
+def test_a_clean_rollout_reports_every_node(capsys: pytest.CaptureFixture[str]) -> None:
+    done = {"node-1": {"node": "node-1", "status": "upgraded", "layers": ["serve"], "reason": "", "state": "serving"}}
+    assert report(0, ["node-1", "node-2"], done, Path("/nowhere")) == 0
+    assert "node-2: not started" in capsys.readouterr().out
+
+
+def test_cordon_and_uncordon_are_subcommands() -> None:
+    args = build_parser().parse_args(["cordon", "node-1", "-i", "hosts.yml", "--reason", "fan noise"])
+    assert (args.action, args.node, args.reason) == ("cordon", "node-1", "fan noise")
+    assert build_parser().parse_args(["uncordon", "node-1", "-i", "hosts.yml"]).action == "uncordon"
+    args = build_parser().parse_args(["upgrade", "-i", "hosts.yml", "--max-unavailable", "2", "--force"])
+    assert (args.max_unavailable, args.max_fail, args.force) == ("2", 0, True)
