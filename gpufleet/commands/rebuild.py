@@ -31,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="also uninstall and install again these runfiles: " + ",".join(REINSTALLABLE))
     parser.add_argument("--layers", help="only consider these layers (comma-separated), as gpufleet drift --layers")
     parser.add_argument("--allow-many", action="store_true", help="accept a --limit that matches several nodes")
+    parser.add_argument("--force", action="store_true", help="rebuild a cordoned node too (it stays cordoned)")
     parser.set_defaults(func=run)
 
 
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         print("rebuild: every layer matches the declared state; nothing to rebuild")
         return 0
     print(f"rebuild: layers {', '.join(plan.layers)}" + (f" ({plan.reason})" if plan.reason else ""))
-    result = run_playbook("rebuild.yml", args.inventory, limit=limit, extravars=plan.extravars(len(hosts) > 1))
+    result = run_playbook("rebuild.yml", args.inventory, limit=limit, extravars={**plan.extravars(len(hosts) > 1), "rebuild_force": args.force})
     print()
     print(format_summary(result))
     if result.rc != 0:
