@@ -23,9 +23,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     up = actions.add_parser("up", help="start (or repair, or resize) the lab with N hosts and the mirror")
     up.add_argument("--hosts", type=int, default=DEFAULT_HOSTS, help=f"number of hosts (default {DEFAULT_HOSTS})")
-    up.add_argument("--os", default=DEFAULT_OS,
+    up.add_argument("--os",
                     help=f"the hosts' OS, or a comma-separated list cycled over them, one of {', '.join(RELEASES)} "
-                         f"(default {DEFAULT_OS}; --os debian12,debian13 gives a mixed fleet)")
+                         f"(default: each host keeps the OS it has, a new one gets {DEFAULT_OS}; "
+                         f"--os debian12,debian13 gives a mixed fleet)")
     up.add_argument("--timeout", type=float, default=DEFAULT_BOOT_TIMEOUT,
                     help=f"seconds to wait for each host to boot (default {DEFAULT_BOOT_TIMEOUT})")
     up.set_defaults(func=run_up)
@@ -44,7 +45,7 @@ def config_from(args: argparse.Namespace) -> LabConfig:
 def run_up(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise GpufleetError(f"--timeout must be positive (got {args.timeout:g})")
-    releases = parse_os_list(args.os)
+    releases = parse_os_list(args.os) if args.os is not None else None
     config = config_from(args)
     started = time.monotonic()
     result = fleet.up(config, args.hosts, args.timeout, releases)

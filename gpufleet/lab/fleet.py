@@ -15,7 +15,7 @@ from gpufleet.lab import inventory, keys, locks, mirror, network, pools, preflig
 from gpufleet.lab.addressing import host_address
 from gpufleet.lab.config import MIRROR_PORT, LabConfig
 from gpufleet.lab.host import Host
-from gpufleet.lab.releases import OsRelease, host_releases
+from gpufleet.lab.releases import DEFAULT_OS, RELEASES, OsRelease, host_releases
 from gpufleet.lab.procs import is_alive, pids_with_argument, read_pid_file, stop_processes
 
 # nspawn powers the container off on SIGTERM; the supervisor allows 45 s before killing it.
@@ -185,9 +185,15 @@ def ensure_images(config: LabConfig, releases: Sequence[OsRelease], result: UpRe
     return images
 
 
-def up(config: LabConfig, count: int, timeout: float, releases: Sequence[OsRelease]) -> UpResult:
+def kept_releases(hosts: list[Host]) -> list[OsRelease]:
+    """Without --os every host keeps the OS it was made with (a new one gets the default), so a plain `lab up`
+    (molecule's create step, a resize) never turns a mixed lab into another."""
+    return [RELEASES.get(hostlib.recorded_os(host) or DEFAULT_OS, RELEASES[DEFAULT_OS]) for host in hosts]
+
+
+def up(config: LabConfig, count: int, timeout: float, releases: Sequence[OsRelease] | None = None) -> UpResult:
     """Brings the lab to exactly `count` healthy hosts plus the mirror, repairing what is broken; host i runs
-    releases[(i - 1) % len(releases)]."""
+    releases[(i - 1) % len(releases)], or the OS it already has when releases is None."""
     # Input first, then the environment: a wrong --hosts is reported even to a non-root user.
     preflight.validate_host_count(count, preflight.max_hosts(preflight.memory_total_bytes()))
     preflight.require_root()
@@ -199,14 +205,14 @@ def up(config: LabConfig, count: int, timeout: float, releases: Sequence[OsRelea
         if saved.get("pool") and saved["pool"] != pool:
             result.notes.append(f"address range {saved['pool']} is now in use on this machine; moved to {pool}")
             remove_hosts(config, sorted(existing_indexes(config)))
-        host_oses = host_releases(releases, count)
-        images = ensure_images(config, host_oses, result)
 
         extra = sorted(i for i in existing_indexes(config) if i > count)
         remove_hosts(config, extra)
         result.removed += [config.host_name(index) for index in extra]
 
         hosts = [make_host(config, pool, index) for index in range(1, count + 1)]
+        host_oses = host_releases(releases, count) if releases else kept_releases(hosts)
+        images = ensure_images(config, host_oses, result)
         prepare_keys(config, hosts)
         host_images = {host.name: images[release.name] for host, release in zip(hosts, host_oses)}
         outcomes = in_parallel(lambda host: bring_up(config, host, host_images[host.name]), hosts)

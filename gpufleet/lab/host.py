@@ -78,6 +78,15 @@ def rootfs_ready(host: Host, image_hash: str) -> bool:
         return False
 
 
+def recorded_os(host: Host) -> str | None:
+    """The OS name the host's marker records (None for a missing host or one made before releases existed)."""
+    try:
+        value = json.loads(host.marker.read_text()).get("os")
+    except (FileNotFoundError, ValueError):
+        return None
+    return value if isinstance(value, str) else None
+
+
 def create_rootfs(host: Host, image: Path, image_hash: str, release: OsRelease) -> None:
     """Fresh copy of the image for the host; the marker is written last, so a crash leaves no half copy in use."""
     remove_host_dir(host.host_dir)

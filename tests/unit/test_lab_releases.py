@@ -11,7 +11,7 @@ import yaml
 from gpufleet import PROJECT_ROOT
 from gpufleet.cli import main
 from gpufleet.errors import GpufleetError
-from gpufleet.lab import inventory, rootfs
+from gpufleet.lab import fleet, inventory, rootfs
 from gpufleet.lab.config import LabConfig
 from gpufleet.lab.releases import RELEASES, host_releases, parse_os_list
 
@@ -77,3 +77,14 @@ def test_the_inventory_records_each_hosts_os_and_python(tmp_path: Path) -> None:
     assert entries["h-1"]["gpufleet_lab_os"] == "debian12"
     assert entries["h-2"]["gpufleet_lab_os"] == "debian13"
     assert entries["h-2"]["ansible_python_interpreter"] == "/usr/bin/python3.13"
+
+
+def test_without_os_each_host_keeps_the_os_it_was_made_with(tmp_path: Path) -> None:
+    config = LabConfig(cache_dir=tmp_path, lab_dir=tmp_path, prefix="h", inventory_path=tmp_path / "h.yml")
+    hosts = [fleet.make_host(config, "10.213.7.0/24", index) for index in (1, 2, 3)]
+    for host, marker in zip(hosts, ['{"image": "a", "name": "h-1", "os": "debian13"}',
+                                    '{"image": "b", "name": "h-2"}']):
+        host.host_dir.mkdir(parents=True)
+        host.marker.write_text(marker + "\n")
+    # h-2 was made before hosts recorded their OS (a Debian 12 image), h-3 does not exist yet.
+    assert [r.name for r in fleet.kept_releases(hosts)] == ["debian13", "debian12", "debian12"]
