@@ -15,10 +15,12 @@ Facts this file relies on (pyenv 2.x, plugins/python-build/bin/python-build):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shlex
+import shutil
 
 # Printed by the probe, run with the built interpreter and an empty environment: if libpython is not
 # found through the rpath, the interpreter does not start and the build is not correct.
@@ -137,3 +139,62 @@ def log_tail(path: str, lines: int) -> str:
     except OSError as error:
         return f"(no build log at {path}: {error.strerror})"
     return "\n".join(text.splitlines()[-lines:])
+
+
+# --- build beside, switch, keep the previous build -------------------------------------------------------
+# A CPython prefix is not relocatable, so a build cannot be made elsewhere and moved in. Each build gets
+# its own prefix, ROOT/builds/VERSION-KEY, and ROOT/versions/VERSION (the path every venv's pyvenv.cfg
+# names) is a symbolic link that is switched by rename once the new build probes right. A failed build
+# never touches the link, and the previous build stays, so running interpreters and venvs keep theirs.
+
+_KEY_RE = re.compile(r"^[0-9a-z]{1,64}$")
+
+
+def build_key(version: str, definition: str, wanted_options: list[str]) -> str:
+    """A key for a build requested without one: what the module knows of its inputs."""
+    text = json.dumps({"version": version, "definition": definition, "configure": wanted_options}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_prefix(pyenv_root: str, version: str, key: str) -> str:
+    """Where the build of one key lives: ROOT/builds/VERSION-KEY."""
+    parse_version_name(version)
+    if not _KEY_RE.match(key or ""):
+        raise PythonBuildError(f"build key '{key}' must be 1-64 lowercase letters or digits")
+    return os.path.join(pyenv_root, "builds", f"{version}-{key}")
+
+
+def link_target(link: str) -> str | None:
+    """The build a version link points at (resolved), None when there is no link."""
+    return os.path.realpath(link) if os.path.islink(link) else None
+
+
+def switch_link(link: str, target: str) -> str | None:
+    """Points LINK at TARGET in one rename; returns what it served before (a build prefix), if anything.
+
+    A real directory there (the layout before builds were kept beside) moves into builds/ as
+    VERSION-legacy first: two renames, the link follows at once.
+    """
+    previous = link_target(link)
+    if os.path.isdir(link) and not os.path.islink(link):
+        previous = os.path.join(os.path.dirname(target), os.path.basename(link) + "-legacy")
+        if os.path.lexists(previous):
+            shutil.rmtree(previous)
+        os.rename(link, previous)
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    staged = f"{link}.gpufleet-new"
+    if os.path.lexists(staged):
+        os.unlink(staged)
+    os.symlink(target, staged)
+    os.replace(staged, link)
+    return previous
+
+
+def stale_builds(builds_dir: str, version: str, keep: set[str]) -> list[str]:
+    """Builds of VERSION under builds_dir other than those kept (the one in service and the one before)."""
+    if not os.path.isdir(builds_dir):
+        return []
+    kept = {os.path.realpath(path) for path in keep if path}
+    found = (os.path.join(builds_dir, name) for name in sorted(os.listdir(builds_dir))
+             if name.startswith(f"{version}-"))
+    return [path for path in found if os.path.realpath(path) not in kept and not os.path.islink(path)]

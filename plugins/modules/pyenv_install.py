@@ -20,7 +20,12 @@ description:
     C(PREFIX/lib), so it finds its libpython without C(LD_LIBRARY_PATH) (the probe runs without it)."
   - The whole build output goes to a log file; a failed build fails the task with the last O(log_lines)
     lines of that log and its path. A build that succeeds but probes wrong fails too.
-  - Several versions live side by side, one prefix each; building one never touches another.
+  - Each build has its own prefix, C(PYENV_ROOT/builds/VERSION-KEY) (O(build_key)), and
+    C(PYENV_ROOT/versions/VERSION), the path venvs name, is a link switched by rename only once the new
+    build probes right. A failed build leaves the link, and every venv on it, as it was; the build served
+    before stays (running interpreters use it), older builds of the version are removed.
+  - A correct build already at the key's prefix (unpacked from a shared build) is switched to, not rebuilt.
+  - Several versions live side by side, one link and its builds each; building one never touches another.
 version_added: "0.1.0"
 author: gpufleet
 options:
@@ -32,6 +37,12 @@ options:
     description: The CPython release to build, exactly C(X.Y.Z), e.g. C(3.11.2).
     type: str
     required: true
+  build_key:
+    description:
+      - Names the build's prefix, C(PYENV_ROOT/builds/VERSION-KEY); nodes that share builds must use the same
+        key for the same build (the prefix is compiled in). Lowercase letters and digits.
+      - Defaults to a digest of O(version), O(definition) and the configure options.
+    type: str
   definition:
     description:
       - python-build definition, a name from C(PYENV_ROOT/plugins/python-build/share/python-build) or a path
@@ -73,7 +84,10 @@ options:
     type: path
     default: /var/log/gpufleet
   build_tmpdir:
-    description: Where python-build unpacks and compiles (C(TMPDIR)); needs about 500 MB and must allow executables.
+    description:
+      - Where python-build unpacks and compiles (C(TMPDIR)); needs about 500 MB and must allow executables.
+        python-build makes its own directory in it with C(mktemp -d); the role passes a root-only directory
+        made for the run.
     type: path
     default: /var/tmp
   log_lines:
@@ -126,14 +140,32 @@ python:
   type: str
   sample: /opt/pyenv/versions/3.11.2/bin/python3.11
 prefix:
-  description: The build's prefix.
+  description: The version's link, the prefix venvs use.
   returned: always
   type: str
   sample: /opt/pyenv/versions/3.11.2
+build_prefix:
+  description: The prefix of the requested build, where the link points once it is switched.
+  returned: always
+  type: str
+  sample: /opt/pyenv/builds/3.11.2-3f9c0a1b2c3d4e5f
 built:
   description: Whether a build ran (in check mode, whether one would run).
   returned: always
   type: bool
+serving:
+  description: The build the version's link pointed at when the module started (resolved); null without a link.
+  returned: always
+  type: str
+switched_from:
+  description: The build the link pointed at before this run switched it; null when there was none.
+  returned: when the link was switched
+  type: str
+removed:
+  description: Older builds of this version that were removed after the switch.
+  returned: when the link was switched
+  type: list
+  elements: str
 reasons:
   description: Why a build was needed; empty when the installed build is the requested one.
   returned: always
@@ -179,6 +211,7 @@ log:
 """
 
 import os
+import shutil
 import subprocess
 import time
 
@@ -187,12 +220,17 @@ from ansible.module_utils.python_build import (
     PROBE,
     PythonBuildError,
     build_environment,
+    build_key,
+    build_prefix,
     configure_options,
     interpreter_path,
+    link_target,
     log_tail,
     make_jobs,
     mismatches,
     parse_probe,
+    stale_builds,
+    switch_link,
 )
 
 
@@ -235,6 +273,7 @@ def main() -> None:
         argument_spec=dict(
             pyenv_root=dict(type="path", required=True),
             version=dict(type="str", required=True),
+            build_key=dict(type="str", no_log=False),
             definition=dict(type="str"),
             cache_path=dict(type="path", required=True),
             source_is_tgz=dict(type="bool", default=False),
@@ -258,13 +297,15 @@ def main() -> None:
 
 def run(module: AnsibleModule) -> None:
     p = module.params
-    python = interpreter_path(os.path.join(p["pyenv_root"], "versions", p["version"]), p["version"])
-    prefix = os.path.join(p["pyenv_root"], "versions", p["version"])
+    link = os.path.join(p["pyenv_root"], "versions", p["version"])
+    python = interpreter_path(link, p["version"])
     wanted = configure_options(p["enable_shared"], p["optimizations"], p["lto"], p["configure_opts"])
+    definition = p["definition"] or p["version"]
+    target = build_prefix(p["pyenv_root"], p["version"], p["build_key"] or build_key(p["version"], definition, wanted))
     jobs = make_jobs(p["make_jobs"], len(os.sched_getaffinity(0)))
     log_path = os.path.join(p["log_dir"], f"python-build-{p['version']}.log")
-    result = dict(changed=False, built=False, python=python, prefix=prefix, configure_opts=wanted,
-                  make_jobs=jobs, log=log_path)
+    result = dict(changed=False, built=False, python=python, prefix=link, build_prefix=target,
+                  serving=link_target(link), configure_opts=wanted, make_jobs=jobs, log=log_path)
 
     before = probe(module, python)
     reasons = mismatches(before, p["version"], wanted)
@@ -274,35 +315,57 @@ def run(module: AnsibleModule) -> None:
     if not reasons:
         module.exit_json(**result)
 
-    result.update(changed=True, built=True, diff=dict(
+    # The key's prefix may already hold the requested build (unpacked from another node's build).
+    live = result["serving"] == os.path.realpath(target)
+    staged = None if live else probe(module, interpreter_path(target, p["version"]))
+    must_build = bool(mismatches(staged, p["version"], wanted))
+    result.update(changed=True, built=must_build, diff=dict(
         before=f"{p['version']}: {'; '.join(reasons)}\n",
-        after=f"{p['version']}: configure {' '.join(wanted)}\n",
+        after=f"{p['version']}: configure {' '.join(wanted)} at {target}\n",
     ))
     if module.check_mode:
         module.exit_json(**result)
+    if must_build:
+        build(module, definition, target, wanted, jobs, log_path, result)
+    switch(module, link, target, result)
+    module.exit_json(**result)
 
-    definition = p["definition"] or p["version"]
+
+def build(module: AnsibleModule, definition: str, target: str, wanted: list[str], jobs: int, log_path: str,
+          result: dict) -> None:
+    """Compiles into the key's own prefix; the version's link is not touched here, whatever happens."""
+    p = module.params
     env = build_environment(dict(os.environ), p["pyenv_root"], p["cache_path"], wanted, jobs,
                             p["source_is_tgz"], p["build_tmpdir"])
-    # A half-built prefix from an earlier failure, or a wrong build, is replaced as a whole.
-    command = python_build_command(p["pyenv_root"], definition, prefix)
-    if os.path.exists(prefix):
-        module.run_command(["rm", "-rf", "--", prefix], check_rc=True)
-    rc, seconds = run_build(module, command, env, log_path)
+    # Only the key's own prefix is replaced: a half-built one from an earlier failure, or a wrong build.
+    # It is the build in service only when that build is itself the broken one.
+    if os.path.lexists(target):
+        shutil.rmtree(target)
+    rc, seconds = run_build(module, python_build_command(p["pyenv_root"], definition, target), env, log_path)
     result["build_seconds"] = seconds
+    served = f"the node still serves {result['prefix']} as before" if os.path.exists(result["python"]) else \
+        f"{result['prefix']} was not installed before either"
     if rc != 0:
         module.fail_json(
-            msg=f"building CPython {p['version']} failed (python-build exit {rc}); last {p['log_lines']} lines of "
-                f"{log_path}:\n{log_tail(log_path, p['log_lines'])}",
+            msg=f"building CPython {p['version']} failed (python-build exit {rc}); {served}; last "
+                f"{p['log_lines']} lines of {log_path}:\n{log_tail(log_path, p['log_lines'])}",
             **result,
         )
-    after = probe(module, python)
-    result["probe"] = after
-    still_wrong = mismatches(after, p["version"], wanted)
+    built = probe(module, interpreter_path(target, p["version"]))
+    still_wrong = mismatches(built, p["version"], wanted)
     if still_wrong:
-        module.fail_json(msg=f"CPython {p['version']} was built but is not the requested build: "
-                             f"{'; '.join(still_wrong)} (build log {log_path})", **result)
-    module.exit_json(**result)
+        result["probe"] = built
+        module.fail_json(msg=f"CPython {p['version']} was built at {target} but is not the requested build: "
+                             f"{'; '.join(still_wrong)}; {served} (build log {log_path})", **result)
+
+
+def switch(module: AnsibleModule, link: str, target: str, result: dict) -> None:
+    """Points the version's link at the verified build and removes builds older than the one it replaced."""
+    previous = switch_link(link, target)
+    removed = stale_builds(os.path.dirname(target), module.params["version"], {target, previous or ""})
+    for path in removed:
+        shutil.rmtree(path)
+    result.update(switched_from=previous, removed=removed, probe=probe(module, result["python"]))
 
 
 if __name__ == "__main__":

@@ -155,3 +155,23 @@ def test_check_mode_changes_nothing(tmp_path: Path, mirror: tuple[str, Path]) ->
     result = _run(tmp_path, {"url": f"{url}/tool.run", "sha256": digest}, "node", check=True)
     assert result.returncode == 0, result.stdout
     assert not (tmp_path / "node-cache").exists()
+
+
+def test_a_node_pull_never_lands_at_a_path_another_user_could_plant(tmp_path: Path, mirror: tuple[str, Path]) -> None:
+    url, root = mirror
+    payload = b"runfile bytes" * 100
+    (root / "tool.run").write_bytes(payload)
+    digest = hashlib.sha256(payload).hexdigest()
+    # What any local user can make in a sticky, world-writable /var/tmp: the name a pull would land at.
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    staging.chmod(0o1777)
+    planted = staging / f"gpufleet-artifact-{digest}.part"
+    planted.mkdir()
+    (planted / "tool.run").write_bytes(b"planted")
+
+    result = _run(tmp_path, {"url": f"{url}/tool.run", "sha256": digest}, "node")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (tmp_path / "node-cache" / digest / "tool.run").read_bytes() == payload
+    assert (planted / "tool.run").read_bytes() == b"planted", "the planted path is neither used nor touched"
+    assert sorted(path.name for path in staging.iterdir()) == [planted.name], "the pull's own directory is removed"

@@ -169,7 +169,8 @@ def test_a_failed_build_fails_with_the_tail_of_its_log(tmp_path: Path) -> None:
                                     "cache_path": str(cache), "log_dir": str(tmp_path / "logs"), "log_lines": 15},
                          check=False)
     assert result["failed"] and result["built"]
-    assert result["msg"].startswith(f"building CPython {version} failed (python-build exit 1); last 15 lines of ")
+    assert result["msg"].startswith(f"building CPython {version} failed (python-build exit 1); "
+                                    f"{root / 'versions' / version} was not installed before either; last 15 lines of ")
     assert "configure: error: no acceptable C compiler found" in result["msg"]
     assert (tmp_path / "logs" / f"python-build-{version}.log").exists()
     assert not (root / "versions" / version / "bin").exists()

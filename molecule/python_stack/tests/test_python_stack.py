@@ -25,10 +25,13 @@ def test_compiled_python_is_the_requested_shared_build(host) -> None:
                         " \"ldlibrary\": sysconfig.get_config_var(\"LDLIBRARY\"), \"args\": sysconfig.get_config_var(\"CONFIG_ARGS\")}))'")
     assert probe["version"] == "3.11.2"
     assert probe["shared"] == 1 and probe["ldlibrary"] == "libpython3.11.so"
-    assert "-Wl,-rpath,/opt/pyenv/versions/3.11.2/lib" in probe["args"]
+    # versions/3.11.2 is a link to the build's own prefix, builds/3.11.2-<key> (switched once it probed right).
+    build = host.file("/opt/pyenv/versions/3.11.2").linked_to
+    assert build.startswith("/opt/pyenv/builds/3.11.2-")
+    assert f"-Wl,-rpath,{build}/lib" in probe["args"]
     assert "--enable-optimizations" not in probe["args"]
     linked = host.run(f"ldd {PYTHON}").stdout
-    assert "libpython3.11.so.1.0 => /opt/pyenv/versions/3.11.2/lib/libpython3.11.so.1.0" in linked
+    assert f"libpython3.11.so.1.0 => {build}/lib/libpython3.11.so.1.0" in linked
 
 
 def test_compiled_python_has_the_modules_a_server_needs(host) -> None:
