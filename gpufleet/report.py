@@ -28,7 +28,9 @@ JSON document (schema "gpufleet-drift-report", version 1; `gpufleet drift --sche
 Layer status: `ok` (every check matches), `drifted` (some declared value differs; `drift` lists them),
 `not_declared` (the inventory does not declare the layer's role; `message` says what is missing), `error`
 (the layer could not be compared; `message` and `errors` say why), `unreachable` (the node could not be
-reached). Exit code: 0 every node compared, no drift; 2 drift, every node compared; 3 drift, and some node or
+reached), `cordoned` (the pseudo-layer `cordon` of a node an operator cordoned, `gpufleet cordon`; `message` is
+its reason and time: the node is `cordoned`, not drifted, whatever its layers, and counts as neither drift nor
+a node not compared). Exit code: 0 every node compared, no drift; 2 drift, every node compared; 3 drift, and some node or
 layer could not be compared (unreachable or an error: the drift found is not all there is); 1 nothing drifted
 but some node or layer could not be compared (no claim of "no drift" can be made for it), or nothing was. New fields may be added within version 1; a field is never
 removed or changed in meaning without a new version.
@@ -44,8 +46,8 @@ from typing import Any
 
 SCHEMA_NAME = "gpufleet-drift-report"
 SCHEMA_VERSION = 1
-LAYER_STATUSES = ("ok", "drifted", "not_declared", "unreachable", "error")
-NODE_STATUSES = ("ok", "drifted", "unreachable", "error")
+LAYER_STATUSES = ("ok", "drifted", "not_declared", "unreachable", "error", "cordoned")
+NODE_STATUSES = ("ok", "drifted", "unreachable", "error", "cordoned")
 EXIT_OK, EXIT_FAILED, EXIT_DRIFT, EXIT_DRIFT_INCOMPLETE = 0, 1, 2, 3
 
 
@@ -103,7 +105,7 @@ class LayerResult:
         """The layer in a few words: what differs, or why it was not compared."""
         if self.status == "drifted":
             return "; ".join(item.describe() for item in self.drift)
-        if self.status in ("error", "unreachable", "not_declared"):
+        if self.status in ("error", "unreachable", "not_declared", "cordoned"):
             return self.message or "; ".join(str(error.get("message", "")) for error in self.errors)
         return f"{self.checked} checks match"
 
@@ -119,7 +121,7 @@ class NodeResult:
     @property
     def status(self) -> str:
         statuses = {layer.status for layer in self.layers.values()}
-        for status in ("unreachable", "drifted", "error"):
+        for status in ("unreachable", "cordoned", "drifted", "error"):
             if status in statuses:
                 return status
         return "ok"

@@ -9,13 +9,14 @@ import tempfile
 from pathlib import Path
 from xml.etree import ElementTree
 
-from gpufleet.report import FleetReport, LayerResult, format_value
+from gpufleet.report import LAYER_STATUSES, FleetReport, LayerResult, format_value
 
 REPORT_FILES = {"json": "report.json", "markdown": "report.md", "junit": "junit.xml", "prometheus": "drift.prom"}
 # Short cells for the tables: a drifted layer must stand out.
-CELLS = {"ok": "ok", "drifted": "DRIFT", "not_declared": "-", "unreachable": "UNREACHABLE", "error": "ERROR"}
+CELLS = {"ok": "ok", "drifted": "DRIFT", "not_declared": "-", "unreachable": "UNREACHABLE", "error": "ERROR",
+         "cordoned": "CORDONED"}
 MARKDOWN_CELLS = {"ok": "ok", "drifted": "**drifted**", "not_declared": "not declared", "unreachable": "**unreachable**",
-                  "error": "**error**"}
+                  "error": "**error**", "cordoned": "**cordoned**"}
 
 
 def _nodes(count: int) -> str:
@@ -74,7 +75,7 @@ def _markdown_rows(layer: str, result: LayerResult) -> list[str]:
     if result.status == "drifted":
         return [f"| {layer} | {_md(item.check + ': ' + item.field)} | {_md(format_value(item.expected))} | "
                 f"{_md(format_value(item.actual))} |" for item in result.drift]
-    if result.status in ("error", "unreachable"):
+    if result.status in ("error", "unreachable", "cordoned"):
         return [f"| {layer} | {result.status} | | {_md(result.summary())} |"]
     return []
 
@@ -90,7 +91,7 @@ def to_junit(report: FleetReport) -> str:
         counts = {"tests": len(node.layers),
                   "failures": sum(r.status == "drifted" for r in node.layers.values()),
                   "errors": sum(r.status in ("error", "unreachable") for r in node.layers.values()),
-                  "skipped": sum(r.status == "not_declared" for r in node.layers.values())}
+                  "skipped": sum(r.status in ("not_declared", "cordoned") for r in node.layers.values())}
         suite = ElementTree.SubElement(suites, "testsuite", name=name, timestamp=report.started,
                                        **{key: str(value) for key, value in counts.items()})
         for layer, result in node.layers.items():
@@ -112,8 +113,8 @@ def _junit_case(suite: ElementTree.Element, node: str, layer: str, result: Layer
     elif result.status in ("error", "unreachable"):
         error = ElementTree.SubElement(case, "error", type=result.status, message=result.summary()[:500])
         error.text = result.summary()
-    elif result.status == "not_declared":
-        ElementTree.SubElement(case, "skipped", message=result.message or "not declared")
+    elif result.status in ("not_declared", "cordoned"):
+        ElementTree.SubElement(case, "skipped", message=result.message or result.status)
 
 
 # ---- Prometheus textfile ---------------------------------------------------------------------------
@@ -126,7 +127,7 @@ PROMETHEUS_HELP = [
     ("gpufleet_drift_layer", "1 when the layer of the node differs from the declared state, 0 when it matches; "
                              "absent for layers that were not compared (see gpufleet_drift_layer_status)."),
     ("gpufleet_drift_layer_status", "1 for the status of the layer in the last drift run (ok, drifted, "
-                                    "not_declared, unreachable, error), 0 for the others."),
+                                    "not_declared, unreachable, error, cordoned), 0 for the others."),
     ("gpufleet_drift_layer_items", "Number of declared values that differ in the layer."),
     ("gpufleet_drift_node_up", "1 when the drift run reached the node, 0 when it was unreachable."),
     ("gpufleet_drift_last_run_timestamp_seconds", "When the last drift run finished (Unix time)."),
@@ -146,7 +147,7 @@ def to_prometheus(report: FleetReport, finished_epoch: float) -> str:
             if result.status in ("ok", "drifted"):
                 samples["gpufleet_drift_layer"].append(f"gpufleet_drift_layer{{{labels}}} {int(result.status == 'drifted')}")
             samples["gpufleet_drift_layer_items"].append(f"gpufleet_drift_layer_items{{{labels}}} {len(result.drift)}")
-            for status in ("ok", "drifted", "not_declared", "unreachable", "error"):
+            for status in LAYER_STATUSES:
                 samples["gpufleet_drift_layer_status"].append(
                     f'gpufleet_drift_layer_status{{{labels},status="{status}"}} {int(result.status == status)}')
     samples["gpufleet_drift_last_run_timestamp_seconds"].append(
@@ -177,9 +178,12 @@ def summary_table(report: FleetReport) -> str:
                 lines += [f"{name} {layer}: {item.describe()}" for item in result.drift]
             elif result.status == "error":
                 lines.append(f"{name} {layer}: error: {result.summary()}")
+            elif result.status == "cordoned":
+                lines.append(f"{name}: cordoned: {result.summary()}")
     summary = report.summary()
     lines.append(f"{_nodes(summary['nodes'])}: {summary['ok']} ok, {summary['drifted']} drifted, "
-                 f"{summary['unreachable']} unreachable, {summary['error']} error")
+                 f"{summary['unreachable']} unreachable, {summary['error']} error"
+                 + (f", {summary['cordoned']} cordoned" if summary["cordoned"] else ""))
     if report.not_compared():
         lines.append(f"not compared: {', '.join(report.not_compared())}: what drift this run found is not all "
                      f"there is (exit {summary['exit_code']})")

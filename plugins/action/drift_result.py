@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 
-STATUSES = ("not_declared", "error")
+STATUSES = ("not_declared", "error", "cordoned")
 
 ARGUMENT_SPEC = {
     "layer": {"type": "str"},

@@ -11,7 +11,8 @@ module: drift_result
 short_description: Record a drift layer that was not compared (not declared, or an error), or the planned layers
 description:
   - Used by C(playbooks/drift.yml). A layer whose role the inventory does not declare reports C(not_declared);
-    a layer whose checks could not run (the rescue of the layer's block) reports C(error) with the reason.
+    a layer whose checks could not run (the rescue of the layer's block) reports C(error) with the reason;
+    the pseudo-layer C(cordon) of a cordoned node reports C(cordoned) with the cordon's reason.
   - With O(plan), records the layers the run will compare on the host, so that the fleet report names every
     layer of every node even when the node cannot be reached.
   - Runs on the controller only (an action plugin); it never connects to the host and never changes anything.
@@ -25,7 +26,7 @@ options:
   status:
     description: The layer's outcome.
     type: str
-    choices: [not_declared, error]
+    choices: [not_declared, error, cordoned]
   message:
     description: Why (which variable is not declared, what failed).
     type: str

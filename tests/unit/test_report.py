@@ -70,7 +70,8 @@ def test_every_node_gets_every_layer_and_a_status() -> None:
     assert lab4["base"].message == "base: preflight refused the inventory"
     assert lab4["venv"].status == "error"
     assert lab4["venv"].message == "no result: Read the facts: /usr/bin/python3.11 not found"
-    assert report.summary() == {"nodes": 4, "ok": 1, "drifted": 1, "unreachable": 1, "error": 1, "exit_code": 3}
+    assert report.summary() == {"nodes": 4, "ok": 1, "drifted": 1, "unreachable": 1, "error": 1, "cordoned": 0,
+                                "exit_code": 3}
 
 
 @pytest.mark.parametrize(("nodes", "exit_code"), [
@@ -201,3 +202,24 @@ def test_changes_between_two_runs() -> None:
         "lab-4: not in the newer run",
     ]
     assert compare_reports(fleet(), fleet()) == []
+
+
+def test_a_cordoned_node_is_cordoned_not_drifted_and_keeps_the_fleet_clean() -> None:
+    builder = ReportBuilder()
+    for node in ("lab-1", "lab-2"):
+        builder.record_plan(node, ["serve", "proxy"])
+        builder.record_layer(node, {"layer": "serve", "status": "ok", "checked": 3})
+    # lab-2's proxy answers 503 while cordoned; a layer of it drifted too.
+    builder.record_layer("lab-1", {"layer": "proxy", "status": "ok", "checked": 5})
+    builder.record_layer("lab-2", {"layer": "cordon", "status": "cordoned",
+                                   "message": "fan noise (since 2026-12-01T12:00:00Z)"})
+    builder.record_layer("lab-2", {"layer": "proxy", "status": "drifted", "checked": 5, "drift": [
+        {"check": "file /etc/nginx/conf.d/gpufleet-inference.conf", "field": "sha256", "expected": "a", "actual": "b"}]})
+    report = builder.build()
+    assert report.nodes["lab-2"].status == "cordoned"
+    assert report.summary() == {"nodes": 2, "ok": 1, "drifted": 0, "unreachable": 0, "error": 0, "cordoned": 1,
+                                "exit_code": 0}
+    assert FleetReport.from_dict(json.loads(json.dumps(report.to_dict()))).nodes["lab-2"].status == "cordoned"
+    table = summary_table(report)
+    assert "lab-2: cordoned: fan noise (since 2026-12-01T12:00:00Z)" in table
+    assert "2 nodes: 1 ok, 0 drifted, 0 unreachable, 0 error, 1 cordoned" in table
