@@ -75,6 +75,7 @@ class Context:
 
     run: Runner = run_process
     dpkg_status: str = DPKG_STATUS
+    proc_sys: str = "/proc/sys"
     cache: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
 
@@ -294,7 +295,10 @@ def check_user(spec: dict, ctx: Context) -> list[Finding]:
     return found
 
 
-SYSTEMD_PROPERTIES = ("LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload")
+SYSTEMD_PROPERTIES = ("LoadState", "ActiveState", "SubState", "NeedDaemonReload", "DropInPaths")
+# `systemctl is-enabled` answers with rc 0 for these too, but ansible's systemd_service (what provisioning
+# runs) enables such a unit again: drift calls them not enabled, so that it agrees with the next provision.
+NOT_ENABLED_FOR_ANSIBLE = ("enabled-runtime", "indirect", "alias")
 
 
 def unit_properties(name: str, ctx: Context) -> dict[str, str]:
@@ -305,26 +309,69 @@ def unit_properties(name: str, ctx: Context) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def unit_enabled(unit: str, ctx: Context) -> tuple[bool, str]:
+    """(enabled, state) as systemd resolves it for this unit (an instance of a template too)."""
+    rc, out, _ = ctx.run(["systemctl", "is-enabled", unit])
+    state = out.strip().splitlines()[0] if out.strip() else "unknown"
+    return rc == 0 and state not in NOT_ENABLED_FOR_ANSIBLE, state
+
+
 def check_service(spec: dict, ctx: Context) -> list[Finding]:
-    """A systemd unit enabled and/or active as declared, and loaded from its current unit file."""
+    """A systemd unit enabled and/or active as declared, loaded from its current unit files.
+
+    `dropins`: the drop-ins systemd must load for it and no other (a foreign one, of the unit or of its
+    template, `vllm@.service.d/`, changes the service as much as an edited unit does).
+    """
     require(spec, "name")
+    unit = spec["name"] if "." in spec["name"] else f"{spec['name']}.service"
     label = f"service {spec['name']}"
-    props = unit_properties(spec["name"], ctx)
+    props = unit_properties(unit, ctx)
     if props.get("LoadState") == "not-found":
         return [Finding(label, "unit", "installed", "not found")]
     found = []
     if spec.get("enabled") is not None:
-        enabled = props.get("UnitFileState") in ("enabled", "enabled-runtime", "alias")
+        enabled, state = unit_enabled(unit, ctx)
         if enabled != bool(spec["enabled"]):
-            found.append(Finding(label, "enabled", bool(spec["enabled"]), props.get("UnitFileState", "unknown")))
+            found.append(Finding(label, "enabled", bool(spec["enabled"]), state))
     if spec.get("active") is not None:
         active = props.get("ActiveState") == "active"
         if active != bool(spec["active"]):
             state = f"{props.get('ActiveState', 'unknown')} ({props.get('SubState', '?')})"
             found.append(Finding(label, "active", "active" if spec["active"] else "inactive", state))
+    if spec.get("dropins") is not None:
+        loaded = sorted(props.get("DropInPaths", "").split())
+        if loaded != sorted(spec["dropins"]):
+            foreign = sorted(set(loaded) - set(spec["dropins"]))
+            found.append(Finding(label, "drop-ins", sorted(spec["dropins"]), loaded,
+                                 f"not gpufleet's: {', '.join(foreign)}" if foreign else ""))
     if props.get("NeedDaemonReload") == "yes":
         found.append(Finding(label, "loaded unit", "the unit file on disk",
                              "an older unit file (changed on disk, systemd not reloaded)"))
+    return found
+
+
+def check_sysctl(spec: dict, ctx: Context) -> list[Finding]:
+    """Kernel settings in effect (/proc/sys) as declared, where the node can apply them.
+
+    A container's /proc/sys is read-only (systemd-sysctl skips itself there): noted, not drift.
+    """
+    require(spec, "settings")
+    if not os.access(ctx.proc_sys, os.W_OK) or os.statvfs(ctx.proc_sys).f_flag & os.ST_RDONLY:
+        ctx.notes.append(f"{ctx.proc_sys} is read-only here (a container): kernel settings in effect not compared")
+        return []
+    found = []
+    for key, wanted in sorted(spec["settings"].items()):
+        path = os.path.join(ctx.proc_sys, *str(key).split("."))
+        try:
+            with open(path, encoding="utf-8") as handle:
+                actual = " ".join(handle.read().split())
+        except FileNotFoundError:
+            found.append(Finding(f"sysctl {key}", "value", str(wanted), "no such setting"))
+            continue
+        except OSError as error:
+            raise CheckError(f"cannot read {path}: {error.strerror}") from None
+        if actual != " ".join(str(wanted).split()):
+            found.append(Finding(f"sysctl {key}", "value", str(wanted), actual))
     return found
 
 
@@ -365,6 +412,7 @@ KINDS: dict[str, Check] = {
     "held": check_held,
     "user": check_user,
     "service": check_service,
+    "sysctl": check_sysctl,
     "http": check_http,
 }
 

@@ -9,7 +9,10 @@ agree on what "installed as declared" means. Nothing here writes to the host.
 
 from __future__ import annotations
 
+import base64
+import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -85,8 +88,31 @@ def check_gpus(spec: dict, ctx: Context) -> list[Finding]:
             for item in check_expectations(state, expect)]
 
 
+# `dkms status` lines: "nvidia/580.95.05, 6.1.0-18-amd64, x86_64: installed" (dkms 3), "nvidia, 580.95.05,
+# 6.1.0-18-amd64, x86_64: installed" (dkms 2); a module only registered is "nvidia/580.95.05: added".
+DKMS_LINE = re.compile(r"^[^,/\s]+[/,]\s*[^,:]+,\s*(?P<kernel>[^,:]+),\s*[^:]+:\s*(?P<state>\S+)")
+
+
+def dkms_kernel_states(status: str) -> dict[str, str]:
+    """Kernel -> state (installed, built, ...) of the module, from `dkms status -m M -v V`."""
+    return {match.group("kernel").strip(): match.group("state").rstrip(",")
+            for match in map(DKMS_LINE.match, status.splitlines()) if match}
+
+
+def installed_kernels(boot_dir: str) -> list[str]:
+    """Kernels the bootloader can start: /boot/vmlinuz-<release>."""
+    try:
+        return sorted(name[len("vmlinuz-"):] for name in os.listdir(boot_dir) if name.startswith("vmlinuz-"))
+    except FileNotFoundError:
+        return []
+
+
 def check_dkms(spec: dict, ctx: Context) -> list[Finding]:
-    """DKMS knows the module at the declared version (`dkms status -m M -v V` lists it)."""
+    """DKMS knows the module at the declared version, and has installed it for every installed kernel.
+
+    A kernel that came without the module (an unattended upgrade without its headers) boots without GPUs:
+    each is a finding. `boot_dir` (default /boot) is where the installed kernels are.
+    """
     require(spec, "module", "version")
     label = f"DKMS module {spec['module']}"
     rc, out, err = ctx.run(["dkms", "status", "-m", spec["module"], "-v", str(spec["version"])])
@@ -94,7 +120,16 @@ def check_dkms(spec: dict, ctx: Context) -> list[Finding]:
         return [Finding(label, "registered", str(spec["version"]), "dkms is not installed")]
     if rc != 0:
         raise CheckError(f"dkms status failed (exit {rc}): {(err or out).strip()[-200:]}")
-    return [] if out.strip() else [Finding(label, "registered", str(spec["version"]), "not registered")]
+    if not out.strip():
+        return [Finding(label, "registered", str(spec["version"]), "not registered")]
+    kernels = installed_kernels(str(spec.get("boot_dir") or "/boot"))
+    if not kernels:
+        ctx.notes.append(f"no kernel image (vmlinuz-*) in {spec.get('boot_dir') or '/boot'}: the module's build "
+                         "for each installed kernel not compared (a container)")
+    states = dkms_kernel_states(out)
+    return [Finding(f"kernel {kernel}", f"{spec['module']} module (DKMS)", "installed", states.get(kernel, "not built"),
+                    "this kernel would boot without the GPU driver")
+            for kernel in kernels if states.get(kernel) != "installed"]
 
 
 # ---- CUDA toolkits and the loader ------------------------------------------------------------------
@@ -265,6 +300,66 @@ def check_venv(spec: dict, ctx: Context) -> list[Finding]:
     found += [Finding(label, f"package {item['name']}", "absent (not in the lock)", item["version"])
               for item in diff.extra if canonical_name(item["name"]) not in allowed]
     found += venv_record_findings(venv, label, spec)
+    found += installed_file_findings(venv, label)
+    return found
+
+
+# A venv's file findings beyond this many are counted, not listed: the report names where to look.
+FILE_FINDINGS = 20
+
+
+def record_entries(venv: str) -> dict[str, list[tuple[str, int, float]]]:
+    """Installed file -> [(urlsafe-base64 sha256, size, ctime of the RECORD that lists it)] of every
+    distribution of the venv (a file two distributions ship is listed by both)."""
+    entries: dict[str, list[tuple[str, int, float]]] = {}
+    for directory in site_packages(venv):
+        for entry in sorted(os.listdir(directory)):
+            record = os.path.join(directory, entry, "RECORD")
+            if not entry.endswith(".dist-info") or not os.path.isfile(record):
+                continue
+            written = os.stat(record).st_ctime
+            with open(record, encoding="utf-8", errors="replace", newline="") as handle:
+                rows = list(csv.reader(io.StringIO(handle.read())))
+            for row in rows:
+                if len(row) >= 3 and row[1].startswith("sha256=") and row[2].isdigit():
+                    path = os.path.normpath(os.path.join(directory, row[0]))
+                    entries.setdefault(path, []).append((row[1][len("sha256="):], int(row[2]), written))
+    return entries
+
+
+def record_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+
+
+def installed_file_findings(venv: str, label: str) -> list[Finding]:
+    """Every file pip installed, against its distribution's RECORD (sha256 and size).
+
+    One pass: each file is stat'ed, and read only when its size differs or it changed (ctime) after the
+    RECORD that lists it was written; a write cannot leave ctime behind, so an untouched venv reads no file
+    and one edited in place, same versions, is found.
+    """
+    found: list[Finding] = []
+    for path, listed in sorted(record_entries(venv).items()):
+        relative = os.path.relpath(path, venv)
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            found.append(Finding(label, f"file {relative}", "as installed (RECORD)", "absent"))
+            continue
+        if any(info.st_size == size and info.st_ctime <= written for _, size, written in listed):
+            continue
+        actual = record_digest(path)
+        if not any(actual == digest and info.st_size == size for digest, size, _ in listed):
+            found.append(Finding(label, f"file {relative}", "sha256=" + listed[0][0], "sha256=" + actual,
+                                 "changed after it was installed (same package versions)"))
+    if len(found) > FILE_FINDINGS:
+        more = len(found) - FILE_FINDINGS
+        found = found[:FILE_FINDINGS] + [Finding(label, "files", "as installed (RECORD)",
+                                                 f"{more} more files differ")]
     return found
 
 

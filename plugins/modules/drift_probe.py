@@ -14,7 +14,7 @@ description:
   - Used by C(playbooks/drift.yml), whose layer files build the checks from the same inventory variables the
     provisioning roles use (and render the roles' own templates on the controller for file contents).
   - Kinds of the system are C(file), C(directory), C(link), C(absent), C(packages), C(held), C(user), C(service),
-    C(http). Kinds of the stack reuse the logic of the module that provisions the layer - C(driver) and C(dkms)
+    C(sysctl), C(http). Kinds of the stack reuse the logic of the module that provisions the layer - C(driver) and C(dkms)
     (nvidia_runfile), C(gpus) (nvidia_gpu_info expectations), C(toolkits) and C(ld_cache) (nvidia_runfile,
     cuda_toolkit), C(pythons) (pyenv_install), C(venv) (pip_lock), C(kernels) (kernel_build_key), C(models)
     (model_store).
@@ -37,14 +37,21 @@ options:
       - "C(directory): C(path), optional C(owner), C(group), C(mode). C(link): C(path), C(target). C(absent): C(path)."
       - "C(packages): C(names) (Debian packages installed), optional C(held). C(held): C(pattern) (installed
         packages matching it are held). C(user): C(name), optional C(group), C(home), C(shell)."
-      - "C(service): C(name), optional C(enabled), C(active) (bools); a unit changed on disk but not reloaded
-        is drift. C(http): C(url), optional C(status) (default 200), C(headers), C(timeout), C(validate_certs)."
+      - "C(service): C(name), optional C(enabled) (as C(systemctl is-enabled) resolves it, read as ansible's
+        systemd_service reads it), C(active) (bools), C(dropins) (the drop-in paths systemd must load for the
+        unit, and no other); a unit changed on disk but not reloaded is drift."
+      - "C(sysctl): C(settings) (key -> value), compared with the values in effect under /proc/sys (noted, not
+        compared, where /proc/sys is read-only)."
+      - "C(http): C(url), optional C(status) (default 200), C(headers), C(timeout), C(validate_certs)."
       - "C(driver): C(version), optional C(library). C(gpus): C(expect) (nvidia_gpu_info's keys), optional
-        C(library). C(dkms): C(module), C(version)."
+        C(library). C(dkms): C(module), C(version), optional C(boot_dir) (default /boot; DKMS must have installed
+        the module for every kernel found there)."
       - "C(toolkits): C(toolkits), a list of C({version, prefix}). C(ld_cache): C(directory)."
       - "C(pythons): C(pyenv_root), C(versions) (pyenv_python_versions), optional C(enable_shared),
         C(optimizations), C(lto), C(configure_opts)."
-      - "C(venv): C(path), C(lock) (the lock's text), optional C(remove), C(allow_extra), C(python)."
+      - "C(venv): C(path), C(lock) (the lock's text), optional C(remove), C(allow_extra), C(python); every file
+        pip installed is compared with its distribution's RECORD (size, and sha256 when it changed after the
+        install)."
       - "C(kernels): C(venv), C(packages) (flash_attn_packages), optional C(arch_list), C(cuda_home), C(library)."
       - "C(models): C(root), C(models) (model_store_models), optional C(archive_cache) (the node's artifact cache)."
     type: list

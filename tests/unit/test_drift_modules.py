@@ -46,8 +46,8 @@ def test_drift_probe_reports_drift_and_never_changes(tmp_path: Path, check: bool
 
 
 def test_drift_probe_refuses_an_unknown_kind() -> None:
-    result = ansible_module("drift_probe", {"layer": "base", "checks": [{"kind": "sysctl", "name": "vm.swappiness"}]})
-    assert result["failed"] and result["msg"].startswith("layer base: check 0: unknown kind 'sysctl'")
+    result = ansible_module("drift_probe", {"layer": "base", "checks": [{"kind": "selinux", "name": "enforcing"}]})
+    assert result["failed"] and result["msg"].startswith("layer base: check 0: unknown kind 'selinux'")
 
 
 def test_drift_result_records_without_contacting_the_host() -> None:
