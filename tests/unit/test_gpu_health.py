@@ -102,3 +102,17 @@ def test_each_failure_fails_the_gate(simgpu_machine: SimulatedMachine, kernel_lo
 
 def test_no_dcgm_installed_is_said(simgpu_machine: SimulatedMachine, kernel_log: Path) -> None:
     assert run_gpu_health(module_args(simgpu_machine, kernel_log, dcgm_level=1))["dcgm"]["ran"] is False
+
+
+def test_drift_layer_result_gets_the_xids(simgpu_machine: SimulatedMachine, kernel_log: Path) -> None:
+    probe = {"layer": "gpu_health", "status": "ok", "drift": [], "errors": [], "checked": 1, "notes": []}
+    clean = run_gpu_health(module_args(simgpu_machine, kernel_log, fail=False, drift_layer_result=probe),
+                           check_mode=True)
+    assert clean["gpufleet_drift"] == probe
+    simgpu_machine.ctl("xid", "79")
+    simgpu_machine.ctl("ecc-errors", "2")  # drift_probe's gpus check reports ECC itself: not added twice
+    drifted = run_gpu_health(module_args(simgpu_machine, kernel_log, fail=False, drift_layer_result=probe),
+                             check_mode=True)["gpufleet_drift"]
+    assert drifted["status"] == "drifted" and [entry["field"] for entry in drifted["drift"]] == ["xid 79"]
+    assert drifted["drift"][0]["actual"].endswith("NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', "
+                                                  "name=<unknown>, GPU has fallen off the bus.")
