@@ -81,10 +81,12 @@ def journal_evidence(node: dict[str, Any]) -> Iterator[Evidence]:
             yield "journal vllm@%s" % instance["name"], line
 
 
-def torch_evidence(torch: dict[str, Any]) -> Iterator[Evidence]:
+def torch_evidence(torch: dict[str, Any], declared_variant: str) -> Iterator[Evidence]:
     if torch.get("failed"):
         yield "torch_stack_info", str(torch.get("msg", ""))
     for entry in torch.get("diagnosis") or []:
+        if entry.get("id") == "cpu_wheel" and declared_variant == "cpu":
+            continue
         yield "torch_stack_info", "%s: %s" % (entry.get("signature", entry.get("id")), entry.get("evidence", ""))
 
 
@@ -96,8 +98,18 @@ def driver_lines(evidence: dict[str, Any]) -> Iterator[str]:
     if loaded and installed and loaded != installed:
         yield "the loaded kernel module %s differs from the installed libraries %s" % (loaded, installed)
     dkms = node.get("dkms") or {}
-    if dkms.get("rc") == 0 and "nvidia" in dkms.get("output", "") and "installed" not in dkms.get("output", ""):
+    # Only while NVML cannot reach the driver is an unbuilt DKMS module the explanation.
+    if nvml.get("failed") and dkms.get("rc") == 0 and "nvidia" in dkms.get("output", "") and "installed" not in dkms.get("output", ""):
         yield "DKMS has no nvidia module built for the running kernel: " + dkms["output"].splitlines()[0]
+
+
+def torch_lines(evidence: dict[str, Any]) -> Iterator[str]:
+    """The venv's torch variant against the stack's declaration."""
+    declared = str(evidence.get("declared_torch_variant") or "")
+    torch = (evidence.get("torch") or {}).get("torch") or {}
+    if declared and torch.get("variant") and torch["variant"] != declared:
+        yield "the serving venv has torch %s (variant %s) but the stack declares variant %s" % (
+            torch.get("version"), torch["variant"], declared)
 
 
 def instance_lines(node: dict[str, Any]) -> Iterator[str]:
@@ -121,13 +133,14 @@ def resource_lines(evidence: dict[str, Any]) -> Iterator[str]:
 
 def collect_evidence(evidence: dict[str, Any]) -> dict[str, list[Evidence]]:
     """Evidence lines per source name of the signature table."""
-    node_lines = [*driver_lines(evidence), *instance_lines(evidence["node"]), *resource_lines(evidence)]
+    node_lines = [*driver_lines(evidence), *torch_lines(evidence), *instance_lines(evidence["node"]),
+                  *resource_lines(evidence)]
     return {
         "health": list(health_evidence(evidence["health"])),
         "nvml": list(nvml_evidence(evidence["nvml"])),
         "nvidia_smi": list(smi_evidence(evidence["node"])),
         "journal": list(journal_evidence(evidence["node"])),
-        "torch": list(torch_evidence(evidence.get("torch") or {})),
+        "torch": list(torch_evidence(evidence.get("torch") or {}, str(evidence.get("declared_torch_variant") or ""))),
         "node": [("doctor", line) for line in node_lines],
     }
 

