@@ -116,6 +116,22 @@ class _ProcessInfo(ctypes.Structure):
     ]
 
 
+class _GpuFabricInfo(ctypes.Structure):
+    """nvmlGpuFabricInfo_t: the GPU's NVLink fabric as an NVSwitch system's fabric manager set it up."""
+    _fields_ = [
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_ubyte),
+    ]
+
+
+# nvmlGpuFabricState_t. A GPU outside an NVSwitch system answers not_supported (the H200 of
+# tests/fixtures/h200-real/fabric_and_kernel_log.txt did, with NVML_SUCCESS); on an HGX board the state is
+# not_started until nvidia-fabricmanager has trained the fabric, then completed.
+FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
+
+
 # usedGpuMemory when NVML cannot tell (nvml.h's NVML_VALUE_NOT_AVAILABLE, as unsigned long long).
 NVML_VALUE_NOT_AVAILABLE_ULL = 2**64 - 1
 
@@ -153,6 +169,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "nvmlDeviceGetRetiredPagesPendingStatus": [_device, _uint_p],
     "nvmlDeviceGetRemappedRows": [_device, _uint_p, _uint_p, _uint_p, _uint_p],
     "nvmlDeviceGetComputeRunningProcesses_v3": [_device, _uint_p, ctypes.POINTER(_ProcessInfo)],
+    "nvmlDeviceGetGpuFabricInfo": [_device, ctypes.POINTER(_GpuFabricInfo)],
 }
 
 
@@ -309,6 +326,19 @@ class Nvml:
                      "used_memory_bytes": None if info.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE_ULL
                      else info.usedGpuMemory}
                     for info in infos[:count.value]]
+
+    def fabric(self, index: int) -> dict[str, Any]:
+        """GPU `index`'s fabric: state (FABRIC_STATES) and the status NVML gives for it; not_supported when this
+        NVML has no fabric query."""
+        handle = _device()
+        self.call("nvmlDeviceGetHandleByIndex_v2", index, ctypes.byref(handle))
+        info = _GpuFabricInfo()
+        try:
+            self.call("nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info))
+        except _NotSupported:
+            return {"index": index, "state": "not_supported", "status": None}
+        state = FABRIC_STATES[info.state] if info.state < len(FABRIC_STATES) else "state %d" % info.state
+        return {"index": index, "state": state, "status": code_name(info.status)}
 
     def device(self, index: int) -> dict[str, Any]:
         """The state of GPU `index` (see GPU_FIELDS); a lost GPU has lost=True and the rest None."""
@@ -520,6 +550,14 @@ def read_gpu_state(library_path: str | None = None) -> dict[str, Any]:
             "gpu_count": count,
             "gpus": [nvml.device(index) for index in range(count)],
         }
+
+
+def read_fabric(library_path: str | None = None) -> dict[str, Any]:
+    """The driver's version and each GPU's fabric; nvswitch is whether any GPU sits on an NVSwitch fabric."""
+    with Nvml(library_path) as nvml:
+        gpus = [nvml.fabric(index) for index in range(nvml.device_count())]
+        return {"driver_version": nvml.driver_version(), "gpus": gpus,
+                "nvswitch": any(gpu["state"] != "not_supported" for gpu in gpus)}
 
 
 def loaded_driver_state(kernel_version: str | None, library_path: str | None = None) -> tuple[str, str | None]:

@@ -141,4 +141,18 @@ typedef struct nvmlUtilization_st {
     unsigned int memory;
 } nvmlUtilization_t;
 
+/* Filled by nvmlDeviceGetGpuFabricInfo (nvml.h's nvmlGpuFabricInfo_t): the GPU's NVLink fabric as the
+ * NVSwitch system's fabric manager set it up. A GPU outside an NVSwitch system answers NVML_SUCCESS with state
+ * NVML_GPU_FABRIC_STATE_NOT_SUPPORTED (so did the H200 of tests/fixtures/h200-real/fabric_and_kernel_log.txt). */
+#define NVML_GPU_FABRIC_UUID_LEN 16
+#define NVML_GPU_FABRIC_STATE_NOT_SUPPORTED 0
+#define NVML_GPU_FABRIC_STATE_COMPLETED 3
+typedef unsigned char nvmlGpuFabricState_t;
+typedef struct nvmlGpuFabricInfo_st {
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+} nvmlGpuFabricInfo_t;
+
 #endif

@@ -464,3 +464,13 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned
     *failure_occurred = (unsigned int)device->row_remap_failure;
     return NVML_SUCCESS;
 }
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info) {
+    REQUIRE_DEVICE(device, 0);
+    REQUIRE_POINTER(info);
+    memset(info, 0, sizeof(*info));
+    info->status = (nvmlReturn_t)device->fabric_status;
+    info->cliqueId = device->fabric_clique_id;
+    info->state = (nvmlGpuFabricState_t)device->fabric_state;
+    return NVML_SUCCESS;
+}

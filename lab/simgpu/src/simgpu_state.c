@@ -335,6 +335,22 @@ static void read_row_remapping(loader *l, const json_value *gpu, struct nvmlDevi
     read_flag(l, rows, "failure", &device->row_remap_failure, context);
 }
 
+static void read_fabric(loader *l, const json_value *gpu, struct nvmlDevice_st *device, const char *where) {
+    static const char *const keys[] = {"comment", "state", "status", "clique_id", NULL};
+    const json_value *fabric = member(l, gpu, "fabric", JSON_OBJECT, 0, where);
+    if (fabric == NULL) {
+        return;
+    }
+    char context[64];
+    snprintf(context, sizeof(context), "%s.fabric", where);
+    check_keys(l, fabric, keys, context);
+    unsigned long long state = 0;
+    read_count(l, fabric, "state", 3, &state, context);
+    device->fabric_state = (unsigned int)state;
+    read_uint(l, fabric, "status", &device->fabric_status, context);
+    read_uint(l, fabric, "clique_id", &device->fabric_clique_id, context);
+}
+
 /* "compute_processes": [{"pid": N, "used_memory_bytes": M}, ...]; their memory counts in memory_used_bytes. */
 static void read_processes(loader *l, const json_value *gpu, struct nvmlDevice_st *device, const char *where) {
     static const char *const keys[] = {"comment", "pid", "used_memory_bytes", NULL};
@@ -428,7 +444,7 @@ static void read_gpu(loader *l, const json_value *gpu, unsigned int index, struc
         "memory_total_bytes", "memory_used_bytes", "memory_reserved_bytes", "persistence_mode", "ecc", "mig",
         "power_limit_w", "power_draw_w", "temperature_c", "utilization_pct", "performance_state", "compute_mode",
         "fan_speed_pct", "display_active", "retired_pages", "row_remapping", "compute_processes", "not_supported",
-        "lost", NULL};
+        "lost", "fabric", NULL};
     char where[32];
     snprintf(where, sizeof(where), "gpus[%u]", index);
     if (gpu->type != JSON_OBJECT) {
@@ -457,6 +473,7 @@ static void read_gpu(loader *l, const json_value *gpu, unsigned int index, struc
     read_flag(l, gpu, "display_active", &device->display_active, where);
     read_retired_pages(l, gpu, device, where);
     read_row_remapping(l, gpu, device, where);
+    read_fabric(l, gpu, device, where);
     read_processes(l, gpu, device, where);
     read_not_supported(l, gpu, device, where);
     read_flag(l, gpu, "lost", &device->lost, where);

@@ -57,6 +57,8 @@ struct nvmlDevice_st {
     int retired_pages_pending;
     unsigned int remapped_rows_corrected, remapped_rows_uncorrected;
     int row_remap_pending, row_remap_failure;
+    /* "fabric": {"state": nvmlGpuFabricState_t, "status": nvmlReturn_t, "clique_id": N}; 0s outside NVSwitch. */
+    unsigned int fabric_state, fabric_status, fabric_clique_id;
     /* Processes with a CUDA context on the GPU ("compute_processes"): pid and memory in bytes. */
     unsigned int process_count;
     unsigned int process_pids[SIMGPU_MAX_PROCESSES];

@@ -1,0 +1,142 @@
+#!/usr/bin/python
+"""Ansible module nvidia_fabric_manager: on an NVSwitch system, nvidia-fabricmanager must be the driver's version."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: nvidia_fabric_manager
+short_description: Check that an NVSwitch system's fabric manager is exactly the driver's version
+description:
+  - Detects an NVSwitch (HGX) system from the driver, not from the product name, through NVML's
+    C(nvmlDeviceGetGpuFabricInfo) (a GPU outside an NVSwitch fabric answers C(not_supported)) and
+    C(/proc/driver/nvidia-nvswitch/devices) (one entry per NVSwitch the driver found).
+  - On such a system reads the installed C(nv-fabricmanager --version) and C(nvidia-fabricmanager.service)'s state,
+    and fails, naming both versions, when the fabric manager is missing or is not the driver's exact version
+    (CUDA then fails with error 802, "system not yet initialized").
+  - Read-only; never reports a change.
+version_added: "0.1.0"
+author:
+  - gpufleet
+options:
+  library:
+    description: Path of C(libnvidia-ml.so.1) to load instead of the one on the loader path.
+    type: path
+  driver_version:
+    description: The driver version the fabric manager must match; default the one NVML reports.
+    type: str
+  binary:
+    description: The fabric manager's executable.
+    type: str
+    default: nv-fabricmanager
+  nvswitch_devices:
+    description: The driver's list of NVSwitch devices.
+    type: path
+    default: /proc/driver/nvidia-nvswitch/devices
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Refuse a fabric manager of another version than the driver
+  nvidia_fabric_manager:
+    driver_version: 580.159.04
+"""
+
+RETURN = r"""
+nvswitch:
+  description: Whether the node is an NVSwitch system.
+  type: bool
+  returned: always
+fabric:
+  description: Each GPU's fabric state (not_supported, not_started, in_progress, completed) from NVML.
+  type: list
+  elements: dict
+  returned: always
+nvswitch_count:
+  description: Entries of O(nvswitch_devices) (0 where it does not exist).
+  type: int
+  returned: always
+driver_version:
+  description: The driver version compared with.
+  type: str
+  returned: always
+fabric_manager_version:
+  description: The installed fabric manager's version, or null.
+  type: str
+  returned: always
+service:
+  description: C(systemctl is-active nvidia-fabricmanager.service).
+  type: str
+  returned: always
+"""
+
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvml import NvmlError, read_fabric
+
+C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
+VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?)\b")
+
+
+def installed_version(module: AnsibleModule, binary: str) -> str | None:
+    path = module.get_bin_path(binary) if "/" not in binary else (binary if os.access(binary, os.X_OK) else None)
+    if not path:
+        return None
+    rc, out, err = module.run_command([path, "--version"], environ_update=C_LOCALE)
+    found = VERSION.search(out + err) if rc == 0 else None
+    return found.group(1) if found else None
+
+
+def count_nvswitches(path: str) -> int:
+    try:
+        return len(os.listdir(path))
+    except OSError:
+        return 0
+
+
+def problem(nvswitch: bool, driver: str, installed: str | None) -> str | None:
+    if not nvswitch:
+        return None
+    if installed is None:
+        return ("NVSwitch system without nvidia-fabricmanager: install fabric manager %s, the driver's version "
+                "(CUDA fails with error 802, system not yet initialized, until it runs)" % driver)
+    if installed != driver:
+        return ("nvidia-fabricmanager %s does not match the NVIDIA driver %s: install fabric manager %s with the "
+                "driver (CUDA fails with error 802 while they differ)" % (installed, driver, driver))
+    return None
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec={
+        "library": {"type": "path"},
+        "driver_version": {"type": "str"},
+        "binary": {"type": "str", "default": "nv-fabricmanager"},
+        "nvswitch_devices": {"type": "path", "default": "/proc/driver/nvidia-nvswitch/devices"},
+    }, supports_check_mode=True)
+    try:
+        state = read_fabric(module.params["library"])
+    except NvmlError as error:
+        module.fail_json(msg="cannot read the GPU fabric through NVML: %s" % error, changed=False)
+    switches = count_nvswitches(module.params["nvswitch_devices"])
+    nvswitch = state["nvswitch"] or switches > 0
+    driver = module.params["driver_version"] or state["driver_version"]
+    installed = installed_version(module, module.params["binary"])
+    systemctl = module.get_bin_path("systemctl")
+    service = (module.run_command([systemctl, "is-active", "nvidia-fabricmanager.service"])[1].strip()
+               if systemctl else "unknown")
+    result = {"changed": False, "nvswitch": nvswitch, "fabric": state["gpus"], "nvswitch_count": switches,
+              "driver_version": driver, "fabric_manager_version": installed, "service": service}
+    message = problem(nvswitch, driver, installed)
+    if message:
+        module.fail_json(msg=message, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
