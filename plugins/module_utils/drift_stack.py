@@ -310,7 +310,7 @@ FILE_FINDINGS = 20
 
 def record_entries(venv: str) -> dict[str, list[tuple[str, int, float]]]:
     """Installed file -> [(urlsafe-base64 sha256, size, ctime of the RECORD that lists it)] of every
-    distribution of the venv (a file two distributions ship is listed by both)."""
+    distribution of the venv (a file two distributions ship is listed by both), .pyc files left out."""
     entries: dict[str, list[tuple[str, int, float]]] = {}
     for directory in site_packages(venv):
         for entry in sorted(os.listdir(directory)):
@@ -321,7 +321,9 @@ def record_entries(venv: str) -> dict[str, list[tuple[str, int, float]]]:
             with open(record, encoding="utf-8", errors="replace", newline="") as handle:
                 rows = list(csv.reader(io.StringIO(handle.read())))
             for row in rows:
-                if len(row) >= 3 and row[1].startswith("sha256=") and row[2].isdigit():
+                # Compiled bytecode is a cache Python rewrites when it sees fit (a build importing a module
+                # with other flags): it is not compared, its source is.
+                if len(row) >= 3 and row[1].startswith("sha256=") and row[2].isdigit() and not row[0].endswith(".pyc"):
                     path = os.path.normpath(os.path.join(directory, row[0]))
                     entries.setdefault(path, []).append((row[1][len("sha256="):], int(row[2]), written))
     return entries

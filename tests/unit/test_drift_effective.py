@@ -125,3 +125,17 @@ def test_installed_kernels_are_the_images_in_boot(tmp_path: Path) -> None:
         (tmp_path / name).write_text("")
     assert drift_stack.installed_kernels(str(tmp_path)) == ["6.1.0-17-amd64", "6.1.0-18-amd64"]
     assert drift_stack.installed_kernels(str(tmp_path / "none")) == []
+
+
+def test_bytecode_python_rewrote_is_not_drift(venv: tuple[Path, dict]) -> None:
+    # On the lab, a kernel build importing numpy.distutils rewrote a .pyc that pip had installed and listed.
+    path, spec = venv
+    compile_app = [str(path / "bin" / "python"), "-m", "compileall", "-q", "-f", str(installed(path, "demo_app.py"))]
+    subprocess.run(compile_app, check=True)
+    record = next(path.glob("lib/python*/site-packages/demo_app-1.0.dist-info/RECORD"))
+    (pyc,) = installed(path, "__pycache__").glob("demo_app.*.pyc")
+    with record.open("a") as handle:
+        handle.write(f"{pyc.relative_to(record.parent.parent)},sha256=AAAA,{pyc.stat().st_size}\n")
+    time.sleep(0.01)
+    subprocess.run(compile_app, check=True)  # rewritten after the RECORD, as Python rewrites its caches
+    assert run([spec])["status"] == "ok"
