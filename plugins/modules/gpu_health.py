@@ -54,6 +54,12 @@ options:
         as RV(gpufleet_drift) with the XID and DCGM problems added as drift (drift_probe's C(gpus) check reads
         NVML's ECC, row remapping and lost GPUs already).
     type: dict
+  fabric_manager_problem:
+    description:
+      - What nvidia_fabric_manager found wrong on an NVSwitch system (its message), for drift's gpu_health layer to
+        report with the GPUs' health; empty when nothing.
+    type: str
+    default: ""
 attributes:
   check_mode:
     support: full
@@ -118,9 +124,12 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "dcgm_level": {"type": "int", "default": 1, "choices": [0, 1, 2, 3, 4]},
     "fail": {"type": "bool", "default": True},
     "drift_layer_result": {"type": "dict"},
+    "fabric_manager_problem": {"type": "str", "default": ""},
 }
 # What drift_probe's gpus check does not read itself.
-DRIFT_CHECKS = ("xid", "dcgm")
+DRIFT_CHECKS = ("xid", "dcgm", "fabric_manager")
+DRIFT_ENTRY = {"xid": ("kernel log", "none since boot"), "dcgm": ("DCGM diagnostic", "pass"),
+               "fabric_manager": ("nvidia-fabricmanager", "the driver's version")}
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
 
 
@@ -161,10 +170,9 @@ def nvml_state(library: str | None, ecc_errors_max: int) -> list[dict[str, Any]]
 def with_drift(layer_result: dict[str, Any], problems: list[dict[str, Any]]) -> dict[str, Any]:
     """The layer's drift_probe result plus one drift entry per XID or DCGM problem."""
     merged = dict(layer_result)
-    added = [{"check": "kernel log" if problem["check"] == "xid" else "DCGM diagnostic",
+    added = [{"check": DRIFT_ENTRY[problem["check"]][0],
               "field": "xid %d" % problem["xid"] if problem["check"] == "xid" else "verdict",
-              "expected": "none since boot" if problem["check"] == "xid" else "pass",
-              "actual": problem["evidence"], "detail": problem["message"]}
+              "expected": DRIFT_ENTRY[problem["check"]][1], "actual": problem["evidence"], "detail": problem["message"]}
              for problem in problems if problem["check"] in DRIFT_CHECKS]
     merged["drift"] = list(layer_result.get("drift") or []) + added
     if added:
@@ -179,6 +187,9 @@ def main() -> None:
     xids = parse_xids(lines)
     problems = nvml_state(params["library"], params["ecc_errors_max"])
     problems += xid_problems(xids, params["xid_ignore"])
+    if params["fabric_manager_problem"]:
+        problems.append({"check": "fabric_manager", "gpu": None, "evidence": params["fabric_manager_problem"],
+                         "message": params["fabric_manager_problem"]})
     dcgm = run_dcgm(module, params["dcgm_level"])
     if dcgm["ran"]:
         problems += dcgm_problems(dcgm["rc"], dcgm["output"], params["dcgm_level"])

@@ -25,7 +25,7 @@ ROLES = PROJECT_ROOT / "roles"
 
 # Modules that only read (or only run on the controller without touching the host), by their FQCN.
 READ_ONLY_MODULES = frozenset({
-    "drift_probe", "drift_result", "gpu_health", "nvidia_gpu_info", "torch_stack_info", "stack_host_check", "stack_validate",
+    "drift_probe", "drift_result", "gpu_health", "nvidia_fabric_manager", "nvidia_gpu_info", "torch_stack_info", "stack_host_check", "stack_validate",
     "ansible.builtin.assert", "ansible.builtin.debug", "ansible.builtin.fail", "ansible.builtin.set_fact",
     "ansible.builtin.include_vars", "ansible.builtin.setup", "ansible.builtin.stat", "ansible.builtin.getent",
     "ansible.builtin.slurp", "ansible.builtin.service_facts", "ansible.builtin.package_facts",
