@@ -1,0 +1,123 @@
+"""`gpufleet upgrade` and `gpufleet cordon` on the lab (issue 13): a rollout whose first node fails its health
+gate stops there, with that node rolled back to what it served before and serving again, and the next node
+untouched; a cordoned node is skipped by the rollout, refused when named without --force, and still cordoned
+afterwards. The declaration change of each test is a host_vars file beside the lab inventory, removed after.
+
+Two nodes are enough (the suite's shared lab has two); the failing node is the first, so the second is the
+"untouched" one of the issue's three-node case.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from test_drift_support import gpufleet
+from test_driver_support import sh
+
+pytestmark = pytest.mark.lab
+
+SERVE_VARS = Path(__file__).resolve().parents[2] / "inventories" / "lab" / "group_vars" / "all" / "serve.yml"
+# What one node serves: the venv and model links, the unit configuration, which instances run, and since when.
+SERVING = ("readlink /opt/gpufleet/venvs/current /var/lib/gpufleet/models/*; "
+           "sha256sum /etc/systemd/system/vllm@.service /etc/systemd/system/vllm@*.service.d/gpufleet.conf "
+           "/etc/vllm/*.env /var/lib/gpufleet/vllm/*.started")
+RUNNING = "systemctl is-active vllm@main vllm@greedy; systemctl show -p ActiveEnterTimestamp vllm@main vllm@greedy"
+THROUGH_PROXY = ("curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health; "
+                 "test -e /etc/gpufleet/drain && echo drained || echo not-drained")
+
+
+@pytest.fixture()
+def nodes(lab_inventory: Path, lab_hosts: dict[str, dict]) -> tuple[Path, str, str]:
+    first, second = sorted(lab_hosts)[:2]
+    return lab_inventory, first, second
+
+
+@pytest.fixture()
+def host_vars(lab_inventory: Path) -> Iterator[Path]:
+    directory = lab_inventory.parent / "host_vars"
+    created = not directory.exists()
+    directory.mkdir(exist_ok=True)
+    before = set(directory.iterdir())
+    yield directory
+    for path in set(directory.iterdir()) - before:
+        path.unlink()
+    if created:
+        directory.rmdir()
+
+
+def state(inventory: Path, node: str, script: str) -> str:
+    rc, text = sh(inventory, node, script)
+    assert rc == 0, text[-2000:]
+    return text
+
+
+def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
+        nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path) -> None:
+    inventory, failing, other = nodes
+    before = {node: state(inventory, node, SERVING) for node in (failing, other)}
+    other_running = state(inventory, other, RUNNING)
+    # The change: an option vLLM refuses, so each instance exits at start and never passes /health; a short
+    # gate so the test does not wait the lab's ten minutes.
+    defaults = yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instance_defaults"]
+    (host_vars / f"{failing}.yml").write_text(yaml.safe_dump({
+        "vllm_service_instance_defaults": {**defaults, "extra_args": ["--gpufleet-no-such-option"]},
+        "vllm_service_health_timeout": 45}))
+    (host_vars / f"{other}.yml").write_text(yaml.safe_dump({
+        "vllm_service_instance_defaults": {**defaults, "max_num_seqs": 8}}))
+
+    result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--limit", f"{failing},{other}",
+                      "--max-unavailable", "1", "--layers", "serve,proxy")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-6000:]
+    assert re.search(rf"upgrade: {failing}: layers serve, proxy", output), output[-6000:]
+    assert re.search(rf"upgrade: {failing}: rolled_back \(layers serve, proxy, [0-9.]+ s\) - .*did not become ready",
+                     output), output[-6000:]
+    assert "rolled back to what it served before" in output
+    assert f"upgrade: {other}: not started" in output
+    assert f"gpufleet: error: the rollout stopped: {failing}: rolled_back" in output
+
+    # The failed node serves what it served before, through its proxy, undrained.
+    assert state(inventory, failing, SERVING) == before[failing]
+    assert state(inventory, failing, RUNNING).splitlines()[:2] == ["active", "active"]
+    assert state(inventory, failing, THROUGH_PROXY).split() == ["200", "not-drained"]
+    # The next node was never touched: same state, its instances not restarted.
+    assert state(inventory, other, SERVING) == before[other]
+    assert state(inventory, other, RUNNING) == other_running
+
+
+def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
+        nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path) -> None:
+    inventory, node, cordoned = nodes
+    result = gpufleet(tmp_path, "cordon", "-i", str(inventory), cordoned, "--reason", "rollout test")
+    assert result.returncode == 0, result.stdout + result.stderr
+    try:
+        site = state(inventory, cordoned, "sha256sum /etc/nginx/conf.d/gpufleet-inference.conf")
+        # A change of the cordoned node's proxy only; the other node matches its declaration.
+        (host_vars / f"{cordoned}.yml").write_text(yaml.safe_dump({"inference_proxy_drain_retry_after": 31}))
+
+        # The whole fleet: the cordoned node is not named, so it is skipped, not refused.
+        result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--layers", "serve,proxy")
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-6000:]
+        assert f"{cordoned}: cordoned: rollout test" in output
+        assert re.search(rf"upgrade: {cordoned}: skipped - cordoned: rollout test; cordoned, not touched", output), output
+        assert f"upgrade: {node}: unchanged" in output
+
+        result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--limit", cordoned, "--layers", "serve,proxy")
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output[-6000:]
+        assert f"{cordoned} is cordoned (rollout test, since" in output and "only when forced" in output
+
+        assert state(inventory, cordoned, "sha256sum /etc/nginx/conf.d/gpufleet-inference.conf") == site
+        cordon = json.loads(state(inventory, cordoned, "cat /etc/gpufleet/cordon"))
+        assert cordon["reason"] == "rollout test"
+        assert state(inventory, cordoned, THROUGH_PROXY).split() == ["503", "not-drained"]
+    finally:
+        result = gpufleet(tmp_path, "uncordon", "-i", str(inventory), cordoned)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert state(inventory, cordoned, THROUGH_PROXY).split() == ["200", "not-drained"]
