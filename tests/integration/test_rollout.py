@@ -75,7 +75,7 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-6000:]
     assert re.search(rf"upgrade: {failing}: layers serve, proxy", output), output[-6000:]
-    assert re.search(rf"upgrade: {failing}: rolled_back \(layers serve, proxy, [0-9.]+ s\) - .*did not become ready",
+    assert re.search(rf"upgrade: {failing}: rolled_back \(layers serve, proxy, [0-9.]+ s\) - .*health did not answer 2xx",
                      output), output[-6000:]
     assert "rolled back to what it served before" in output
     assert f"upgrade: {other}: not started" in output
@@ -101,14 +101,14 @@ def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
         (host_vars / f"{cordoned}.yml").write_text(yaml.safe_dump({"inference_proxy_drain_retry_after": 31}))
 
         # The whole fleet: the cordoned node is not named, so it is skipped, not refused.
-        result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--layers", "serve,proxy")
+        result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--layers", "proxy")
         output = result.stdout + result.stderr
         assert result.returncode == 0, output[-6000:]
         assert f"{cordoned}: cordoned: rollout test" in output
         assert re.search(rf"upgrade: {cordoned}: skipped - cordoned: rollout test; cordoned, not touched", output), output
         assert f"upgrade: {node}: unchanged" in output
 
-        result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--limit", cordoned, "--layers", "serve,proxy")
+        result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--limit", cordoned, "--layers", "proxy")
         output = result.stdout + result.stderr
         assert result.returncode == 1, output[-6000:]
         assert f"{cordoned} is cordoned (rollout test, since" in output and "only when forced" in output
