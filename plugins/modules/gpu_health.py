@@ -8,9 +8,9 @@ DOCUMENTATION = r"""
 module: gpu_health
 short_description: Gate a node on the health of its GPUs
 description:
-  - Reads the kernel log of this boot for NVIDIA XID errors (C(NVRM: Xid (PCI:...): N, ...)), NVML for lost GPUs,
+  - "Reads the kernel log of this boot for NVIDIA XID errors (C(NVRM: Xid (PCI:...): N, ...)), NVML for lost GPUs,
     uncorrectable ECC errors and pending or failed row remapping and page retirement, and, where DCGM is
-    installed, runs C(dcgmi diag -r LEVEL) and reads its verdict.
+    installed, runs C(dcgmi diag -r LEVEL) and reads its verdict."
   - Fails, listing every problem with its evidence, unless O(fail) is false; RV(healthy) says the verdict either way.
   - Read-only (a DCGM diagnostic exercises the GPUs but changes no state); never reports a change.
 version_added: "0.1.0"
