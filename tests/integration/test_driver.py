@@ -127,11 +127,14 @@ def test_check_mode_on_an_outdated_node_reports_the_upgrade(inventory: Path, hos
 
 
 def test_installer_failing_half_way_gives_the_log_tail(inventory: Path, host: str) -> None:
-    sh(inventory, host, f"mkdir -p {Path(FAIL_MARKER).parent} && echo driver > {FAIL_MARKER}")
+    # Only the new runfile fails: the role then puts the previous driver back (test_driver_rollback.py covers
+    # that with serving instances), so the node keeps a recorded driver and a rerun can upgrade it.
+    sh(inventory, host, f"mkdir -p {Path(FAIL_MARKER).parent} && echo 'driver {NEW}' > {FAIL_MARKER}")
     run = driver(inventory, host, NEW)
     assert run.rc != 0, run.describe()
     assert f"NVIDIA-Linux-x86_64-{NEW}.run failed (exit 1); last lines of /var/log/nvidia-installer.log" in run.output
     assert "failure injected half-way through the installation" in run.output
+    assert driver_on_disk(inventory, host) == OLD
 
 
 def test_rerun_completes_the_upgrade_with_a_reboot(inventory: Path, host: str) -> None:
