@@ -35,6 +35,8 @@ systemctl disable --now nvidia-persistenced 2>/dev/null
 rm -f /etc/systemd/system/nvidia-persistenced.service /etc/modprobe.d/blacklist-nouveau.conf
 rm -rf /etc/gpufleet-simgpu /var/cache/gpufleet/artifacts /var/tmp/gpufleet-artifact-*
 rm -f /var/log/nvidia-installer.log /var/log/nvidia-uninstall.log
+# A half-way failed install leaves its files unrecorded (as the real installer does): remove its library too.
+rm -f /lib/x86_64-linux-gnu/libnvidia-ml.so* /usr/lib/x86_64-linux-gnu/libnvidia-ml.so* && ldconfig
 systemctl daemon-reload
 """
 
@@ -46,7 +48,7 @@ def inventory(lab_inventory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def host(inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[str]:
-    yield from runfile_test_host(inventory, lab_hosts, CLEAN)
+    yield from runfile_test_host(inventory, lab_hosts, CLEAN, restore="driver.yml")
 
 
 def driver_on_disk(inventory: Path, host: str) -> str:

@@ -89,12 +89,17 @@ def runfile_test_inventory(lab_inventory: Path) -> Path:
     return Path(os.environ.get("GPUFLEET_RUNFILE_TEST_INVENTORY") or lab_inventory)
 
 
-def runfile_test_host(inventory: Path, lab_hosts: dict[str, dict], clean: str) -> Iterator[str]:
+def runfile_test_host(inventory: Path, lab_hosts: dict[str, dict], clean: str,
+                      restore: str | None = None) -> Iterator[str]:
     """The last lab host (or GPUFLEET_RUNFILE_TEST_HOST), cleaned by the script `clean` before and after the
-    scenario; the stand-ins published first."""
+    scenario; the stand-ins published first. `restore` (a playbook) then gives the host back as the lab
+    declares it: later tests serve on it, and vLLM's GPU health gate needs the driver the stack declares."""
     name = os.environ.get("GPUFLEET_RUNFILE_TEST_HOST") or sorted(lab_hosts)[-1]
     publish_standins()
     rc, text = sh(inventory, name, clean)
     assert rc == 0, text
     yield name
     sh(inventory, name, clean)
+    if restore:
+        run = play(inventory, name, restore)
+        assert run.rc == 0, f"restoring {name} with {restore}: {run.describe()}"
