@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -82,8 +83,11 @@ def test_the_execution_environment_installs_what_the_controller_pins() -> None:
 
 
 def test_the_built_collection_installs_into_an_empty_path(collection_tarball: Path, tmp_path: Path) -> None:
+    # Only tmp_path is searched: a copy installed elsewhere (~/.ansible/collections) would otherwise make
+    # galaxy answer "Nothing to do" and install nothing here.
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(tmp_path)}
     result = subprocess.run([str(GALAXY), "collection", "install", "--offline", "-p", str(tmp_path),
-                             str(collection_tarball)], capture_output=True, text=True, check=False)
+                             str(collection_tarball)], capture_output=True, text=True, check=False, env=env)
     assert result.returncode == 0, result.stderr
     installed = tmp_path / "ansible_collections/gpufleet/fleet"
     assert (installed / "roles/nvidia_driver/meta/argument_specs.yml").is_file()
