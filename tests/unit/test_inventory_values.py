@@ -127,3 +127,31 @@ def test_inference_proxy_refuses_a_trailing_newline(tmp_path: Path, variable: st
     assert rc == 2, output
     assert f"inference_proxy on localhost: {message}" in " ".join(output.split())
     assert "client-one-0123456789abcdef" not in output
+
+
+KERNEL_PACKAGE = {"name": "flash-attn", "version": "2.8.3", "url": "http://10.213.7.1:8080/sdists/flash_attn-2.8.3.tar.gz",
+                  "sha256": "0" * 64, "import_name": "flash_attn", "env": {"FLASH_ATTENTION_FORCE_BUILD": "TRUE"}}
+
+
+@pytest.mark.parametrize(("package", "message"), [
+    # The install check runs `python -c "import NAME"`: this name was Python code run as root on every node.
+    ({"import_name": "os; os.system('id')"},
+     "flash_attn_packages[flash-attn].import_name has U+003B (SEMICOLON) at character 3"),
+    ({"env": {"MAX_JOBS=1 X": "1"}}, "a key of flash_attn_packages[flash-attn].env has U+003D (EQUALS SIGN)"),
+    ({"env": {"NVCC_THREADS": "2\n"}}, "flash_attn_packages[flash-attn].env.NVCC_THREADS has U+000A (LINE FEED)"),
+    ({"url": "http://mirror/x.tar.gz --index-url http://evil"},
+     "flash_attn_packages[flash-attn].url has U+0020 (SPACE) at character 23"),
+    ({"version": "2.8.3 ; python_version>'3'"}, "flash_attn_packages[flash-attn].version has U+0020 (SPACE)"),
+])
+def test_flash_attn_refuses_package_values_that_run_code_or_add_a_line(tmp_path: Path, package: dict,
+                                                                       message: str) -> None:
+    rc, output = run_preflight(tmp_path, "flash_attn", {"flash_attn_packages": [{**KERNEL_PACKAGE, **package}],
+                                                        "flash_attn_venv": str(tmp_path / "no-venv")})
+    assert rc == 2, output
+    assert f"flash_attn on localhost: {message}" in " ".join(output.split())
+
+
+def test_flash_attn_passes_its_checks_with_sane_values(tmp_path: Path) -> None:
+    rc, output = run_preflight(tmp_path, "flash_attn", {"flash_attn_packages": [KERNEL_PACKAGE],
+                                                        "flash_attn_venv": str(tmp_path / "no-venv")})
+    assert rc == 0 and "flash_attn on localhost:" not in output, output
