@@ -25,7 +25,9 @@ MIRROR_DIRS = {
 }
 TORCH_INDEX_URL = "https://download.pytorch.org/whl/%s"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_MIRROR_RE = re.compile(r"^(https?|file)://\S+$")
+# RFC 3986's characters only, matched in full: `$` alone matches before a final newline, and a quote, a
+# backslash or a space has no place in a URL that reaches get_url, pip and the build scripts.
+_MIRROR_RE = re.compile(r"(https?|file)://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+")
 
 
 class ArtifactError(ValueError):
@@ -41,7 +43,7 @@ def check_mirror_url(mirror_url) -> str:
     if not mirror_url or not isinstance(mirror_url, str):
         raise ArtifactError("gpufleet_mirror_url is not set: declare the artifact mirror once in the inventory "
                             "(group_vars/all), e.g. gpufleet_mirror_url: https://mirror.example.internal/gpufleet")
-    if not _MIRROR_RE.match(mirror_url):
+    if not _MIRROR_RE.fullmatch(mirror_url):
         raise ArtifactError("gpufleet_mirror_url %r is not an http(s):// or file:// URL" % (mirror_url,))
     return mirror_url.rstrip("/")
 

@@ -92,6 +92,15 @@ def test_a_missing_mirror_and_a_malformed_pin_are_refused() -> None:
         artifacts.resolve(stack, KB, MIRROR, {"NVIDIA-Linux-x86_64-580.95.05.run": "not-a-hash"})
 
 
+@pytest.mark.parametrize("url", ["http://mirror.example/gpufleet\n", "http://mirror.example/a b",
+                                 "http://mirror.example/\"x", "ftp://mirror.example/gpufleet"])
+def test_a_mirror_url_with_a_newline_a_space_a_quote_or_another_scheme_is_refused(url: str) -> None:
+    # The old pattern ended in `$`, which matches before a final newline: the first URL passed.
+    with pytest.raises(artifacts.ArtifactError, match="is not an http"):
+        artifacts.check_mirror_url(url)
+    assert artifacts.check_mirror_url("http://10.213.7.1:8080/gpufleet/") == "http://10.213.7.1:8080/gpufleet"
+
+
 def test_flash_attn_of_the_stack_is_built_from_its_sdist_on_the_mirror() -> None:
     stack = {"gpu": "H100", "driver": "575.57.08", "cuda": "12.8", "python": "3.12", "torch": "2.10.0",
              "torch_variant": "cu128", "vllm": "0.19.1", "flash_attn": "2.8.3"}
