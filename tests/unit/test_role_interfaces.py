@@ -22,7 +22,10 @@ def test_argument_specs_match_defaults(role: str) -> None:
     defaults = _load(ROLES_DIR / role / "defaults" / "main.yml")
     specs_file = ROLES_DIR / role / "meta" / "argument_specs.yml"
     assert specs_file.exists(), f"{role} has defaults but no meta/argument_specs.yml"
-    options = _load(specs_file)["argument_specs"]["main"]["options"]
+    # Every entry point (main, and a tasks_from such as artifact's prune) reads the same defaults file.
+    options: dict = {}
+    for entry_point in _load(specs_file)["argument_specs"].values():
+        options.update(entry_point.get("options") or {})
     assert sorted(defaults) == sorted(k for k, v in options.items() if "default" in v), (
         f"{role}: defaults/main.yml and meta/argument_specs.yml declare different variables"
     )
