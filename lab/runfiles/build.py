@@ -18,11 +18,14 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import io
 import json
+import lzma
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +57,18 @@ MARKER_TEXT = (
     "same name pattern, same flags, same logs and records, but it builds and loads no kernel module and\n"
     "installs only the simulated GPU of lab/simgpu or a toolkit tree that compiles nothing.\n"
 )
+# NVIDIA's fabric manager archive for each lab driver (nvidia-fabricmanager must be exactly the driver's version):
+# the redist's layout, top directory fabricmanager-linux-x86_64-<version>-archive/ (as the Yocto recipe
+# meta-nvidia/recipes-graphics/nvidia/nvidia-fabricmanager_580.105.08.bb of Phala-Network/meta-dstack-cloud
+# installs it). Each entry: path in the archive -> (source in fabricmanager/, mode).
+FABRIC_MANAGER_FILES = {
+    "bin/nvidia-fabricmanager-start.sh": ("nvidia-fabricmanager-start.sh", 0o755),
+    "bin/nvswitch-audit": ("nvswitch-audit", 0o755),
+    "etc/fabricmanager.cfg": ("fabricmanager.cfg", 0o644),
+    "etc/fabricmanager_multinode.cfg": ("fabricmanager_multinode.cfg", 0o644),
+    "share/nvidia/nvswitch/dgxh100_hgxh100_topology": ("dgxh100_hgxh100_topology", 0o644),
+    "systemd/nvidia-fabricmanager.service": ("nvidia-fabricmanager.service", 0o644),
+}
 
 
 @dataclass(frozen=True)
@@ -185,14 +200,59 @@ def build_toolkit(version: str, bundled_driver: str) -> Runfile:
 
 
 def compile_cudart(source: Path, output: Path, runtime_version: int, major: str) -> None:
+    compile_library(source, output, ["-fvisibility=hidden", f"-DLAB_CUDART_VERSION={runtime_version}",
+                                     f"-Wl,-soname,libcudart.so.{major}"])
+
+
+def compile_library(source: Path, output: Path, flags: list[str]) -> None:
+    """A shared library of the lab's stand-ins, built from C without a build id (reproducible)."""
     compiler = shutil.which("gcc")
     if compiler is None:
-        raise GpufleetError("gcc not found: the lab toolkit's libcudart is built from C. Fix: apt-get install gcc")
-    command = [compiler, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", f"-DLAB_CUDART_VERSION={runtime_version}",
-               f"-Wl,-soname,libcudart.so.{major}", "-Wl,--build-id=none", "-o", str(output), str(source)]
+        raise GpufleetError(f"gcc not found: the lab's {output.name} is built from C. Fix: apt-get install gcc")
+    command = [compiler, "-O2", "-fPIC", "-shared", *flags, "-Wl,--build-id=none", "-o", str(output), str(source)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise GpufleetError(f"building the lab libcudart failed: {result.stderr.strip()}")
+        raise GpufleetError(f"building the lab {output.name} failed: {result.stderr.strip()}")
+
+
+def build_fabric_manager(version: str) -> Runfile:
+    """fabricmanager-linux-x86_64-<version>-archive.tar.xz: nv-fabricmanager of that version and its files."""
+    name = ARTIFACTS.fabric_manager_archive_name(version)
+    top = name[: -len(".tar.xz")]
+    target = cache_root() / "lab-runfiles" / inputs_digest("fabricmanager", version, []) / name
+    built = not target.is_file()
+    if built:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = HERE / "fabricmanager"
+        members = {f"bin/nv-fabricmanager": ((source / "nv-fabricmanager.in").read_text()
+                                             .replace("@VERSION@", version).encode(), 0o755),
+                   "LICENSE": (MARKER_TEXT.format(what=f"NVIDIA's fabric manager archive {name}").encode(), 0o644)}
+        members.update({path: ((source / file).read_bytes(), mode) for path, (file, mode) in FABRIC_MANAGER_FILES.items()})
+        with tempfile.TemporaryDirectory() as scratch:
+            library = Path(scratch) / "libnvfm.so.1"
+            compile_library(source / "libnvfm.c", library, [f'-DLAB_FM_VERSION="{version}"', "-Wl,-soname,libnvfm.so.1"])
+            members["lib/libnvfm.so.1"] = (library.read_bytes(), 0o644)
+        partial = target.with_name(name + ".part")
+        partial.write_bytes(lzma.compress(reproducible_tar(top, members), format=lzma.FORMAT_XZ))
+        os.replace(partial, target)
+    return Runfile(name, target, sha256_file(target), built)
+
+
+def reproducible_tar(top: str, members: dict[str, tuple[bytes, int]]) -> bytes:
+    """A tar of members under top/, with fixed metadata and order, so the same inputs give the same bytes."""
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        directories = sorted({"/".join(path.split("/")[:depth]) for path in members
+                              for depth in range(1, path.count("/") + 1)})
+        for path in [""] + directories:
+            info = tarfile.TarInfo(f"{top}/{path}".rstrip("/"))
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+            archive.addfile(info)
+        for path, (data, mode) in sorted(members.items()):
+            info = tarfile.TarInfo(f"{top}/{path}")
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            archive.addfile(info, io.BytesIO(data))
+    return stream.getvalue()
 
 
 def build_all() -> list[Runfile]:
@@ -201,6 +261,7 @@ def build_all() -> list[Runfile]:
         raise GpufleetError("makeself is not installed: apt-get install makeself")
     runfiles = [build_driver(version, cuda) for version, cuda in DRIVERS.items()]
     runfiles += [build_toolkit(version, driver) for version, driver in TOOLKITS.items()]
+    runfiles += [build_fabric_manager(version) for version in DRIVERS]
     return runfiles
 
 

@@ -22,6 +22,7 @@ short_description: Versions and artifacts that the host's gpufleet_stack install
 description:
   - Validates the host's C(gpufleet_stack) against the knowledge base (data/compat), then returns the value at
     each dotted path of what the stack resolves to, for example C(driver.version), C(driver.runfile),
+    C(driver.fabric_manager) (the fabric manager archive of the driver, or of O(version), resolved only when asked),
     C(toolkits), C(toolkit.version), C(python.version), C(python.tarball), C(pyenv), C(venv), C(kernels),
     C(stack).
   - Reads C(gpufleet_mirror_url), C(gpufleet_artifact_sha256) (file name to sha256, for files the knowledge
@@ -34,7 +35,7 @@ options:
     description: Dotted paths into the resolved stack.
     required: true
   version:
-    description: With C(driver.runfile), the runfile of this driver release instead of the stack's.
+    description: With C(driver.runfile) or C(driver.fabric_manager), the file of this driver release instead of the stack's.
     type: str
 """
 
@@ -148,6 +149,14 @@ class LookupModule(LookupBase):
         if outcome["error"]:
             raise AnsibleLookupError(outcome["error"])
         version = kwargs.get("version")
+        if list(terms) == ["driver.fabric_manager"] and outcome["resolved"]["driver"]:
+            # Not part of every stack's artifacts: only an NVSwitch system's role asks for it.
+            artifacts = load_module_util("stack_artifacts")
+            try:
+                return [artifacts.fabric_manager_archive(str(version or outcome["resolved"]["driver"]["version"]),
+                                                         inputs["mirror_url"], inputs["pins"])]
+            except artifacts.ArtifactError as error:
+                raise AnsibleLookupError(str(error))
         if version and outcome["resolved"]["driver"] and str(version) != outcome["resolved"]["driver"]["version"]:
             # nvidia_driver_version set on purpose to another driver: that driver's runfile.
             artifacts = load_module_util("stack_artifacts")

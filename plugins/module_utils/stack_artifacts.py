@@ -18,6 +18,7 @@ import re
 
 MIRROR_DIRS = {
     "runfile": "nvidia",
+    "fabric_manager": "nvidia",
     "python": "python",
     "pyenv": "pyenv",
     "sdist": "sdists",
@@ -90,6 +91,18 @@ def driver(stack: dict, files: ArtifactResolver) -> dict:
 def driver_runfile(version: str, mirror_url: str, pins: dict) -> dict:
     """The runfile of a driver the stack does not name (a role variable set on purpose, an upgrade test)."""
     return ArtifactResolver(mirror_url, pins).get("driver", "runfile", driver_runfile_name(version))
+
+
+def fabric_manager_archive_name(version: str, arch: str = "x86_64") -> str:
+    """NVIDIA's redist archive of nvidia-fabricmanager for a driver release (developer.download.nvidia.com/compute/
+    nvidia-driver/redist/fabricmanager/linux-x86_64/): fabricmanager-linux-x86_64-580.95.05-archive.tar.xz."""
+    return "fabricmanager-linux-%s-%s-archive.tar.xz" % (arch, version)
+
+
+def fabric_manager_archive(version: str, mirror_url: str, pins: dict) -> dict:
+    """The fabric manager of exactly a driver's version, {url, sha256}: resolved only for an NVSwitch system, so
+    a fleet without one pins no sha256 for it."""
+    return ArtifactResolver(mirror_url, pins).get("driver", "fabric_manager", fabric_manager_archive_name(version))
 
 
 def toolkit_row(kb: dict, cuda: str) -> dict:

@@ -14,6 +14,9 @@ description:
   - On such a system reads the installed C(nv-fabricmanager --version) and C(nvidia-fabricmanager.service)'s state,
     and fails, naming both versions, when the fabric manager is missing or is not the driver's exact version
     (CUDA then fails with error 802, "system not yet initialized").
+  - With O(service_active), also fails on such a system unless C(nvidia-fabricmanager.service) is active (CUDA
+    waits for the fabric manager to train the fabric). With O(refuse=false), reports the problem in RV(problem)
+    instead of failing (the role asks first, then installs).
   - Read-only; never reports a change.
 version_added: "0.1.0"
 author:
@@ -33,6 +36,14 @@ options:
     description: The driver's list of NVSwitch devices.
     type: path
     default: /proc/driver/nvidia-nvswitch/devices
+  service_active:
+    description: Require C(nvidia-fabricmanager.service) to be active on an NVSwitch system.
+    type: bool
+    default: false
+  refuse:
+    description: Fail on a problem; false reports it in RV(problem) and succeeds.
+    type: bool
+    default: true
 attributes:
   check_mode:
     support: full
@@ -72,6 +83,10 @@ service:
   description: C(systemctl is-active nvidia-fabricmanager.service).
   type: str
   returned: always
+problem:
+  description: What is wrong with the fabric manager, with the fix, or null.
+  type: str
+  returned: always
 """
 
 import os
@@ -100,7 +115,8 @@ def count_nvswitches(path: str) -> int:
         return 0
 
 
-def problem(nvswitch: bool, driver: str, installed: str | None) -> str | None:
+def problem(nvswitch: bool, driver: str, installed: str | None, service: str | None = None) -> str | None:
+    """What is wrong; service is the unit's state when it must be active, None when it need not be."""
     if not nvswitch:
         return None
     if installed is None:
@@ -109,6 +125,10 @@ def problem(nvswitch: bool, driver: str, installed: str | None) -> str | None:
     if installed != driver:
         return ("nvidia-fabricmanager %s does not match the NVIDIA driver %s: install fabric manager %s with the "
                 "driver (CUDA fails with error 802 while they differ)" % (installed, driver, driver))
+    if service is not None and service != "active":
+        return ("nvidia-fabricmanager.service is %s, not active: CUDA fails with error 802 until it runs "
+                "(journalctl -u nvidia-fabricmanager.service says why; systemctl start nvidia-fabricmanager.service)"
+                % (service or "unknown"))
     return None
 
 
@@ -118,6 +138,8 @@ def main() -> None:
         "driver_version": {"type": "str"},
         "binary": {"type": "str", "default": "nv-fabricmanager"},
         "nvswitch_devices": {"type": "path", "default": "/proc/driver/nvidia-nvswitch/devices"},
+        "service_active": {"type": "bool", "default": False},
+        "refuse": {"type": "bool", "default": True},
     }, supports_check_mode=True)
     try:
         state = read_fabric(module.params["library"])
@@ -132,9 +154,9 @@ def main() -> None:
                if systemctl else "unknown")
     result = {"changed": False, "nvswitch": nvswitch, "fabric": state["gpus"], "nvswitch_count": switches,
               "driver_version": driver, "fabric_manager_version": installed, "service": service}
-    message = problem(nvswitch, driver, installed)
-    if message:
-        module.fail_json(msg=message, **result)
+    result["problem"] = problem(nvswitch, driver, installed, service if module.params["service_active"] else None)
+    if result["problem"] and module.params["refuse"]:
+        module.fail_json(msg=result["problem"], **result)
     module.exit_json(**result)
 
 
