@@ -10,7 +10,6 @@ Two nodes are enough (the suite's shared lab has two); the failing node is the f
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +19,7 @@ import yaml
 from test_drift_support import gpufleet
 from test_driver_support import sh
 
-# Not yet green (issue 13 is open): in the last full run the node rolled back after its failed gate came back
-# with its instances ['activating', 'inactive'] instead of active, and left lab-1 unserving for the tests after
-# it. Until the rollback is fixed it runs only when asked for, so it cannot break the shared lab of the suite.
-pytestmark = [pytest.mark.lab, pytest.mark.skipif(os.environ.get("GPUFLEET_TEST_ROLLOUT") != "1",
-                                                  reason="rollout rollback not yet green (issue 13); "
-                                                         "GPUFLEET_TEST_ROLLOUT=1 runs it")]
+pytestmark = pytest.mark.lab
 
 SERVE_VARS = Path(__file__).resolve().parents[2] / "inventories" / "lab" / "group_vars" / "all" / "serve.yml"
 # What one node serves: the venv and model links, the unit configuration, which instances run, and since when.
@@ -66,13 +60,16 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
         nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path) -> None:
     inventory, failing, other = nodes
     before = {node: state(inventory, node, SERVING) for node in (failing, other)}
+    # What the rollback must give back: the converged lab serves both instances on each node.
+    assert state(inventory, failing, RUNNING).splitlines()[:2] == ["active", "active"]
     other_running = state(inventory, other, RUNNING)
     # The change: an option vLLM refuses, so each instance exits at start and never passes /health; a short
-    # gate so the test does not wait the lab's ten minutes.
+    # gate so the test does not wait the lab's ten minutes, and a restart delay longer than the gate, so the
+    # rollback finds the instance in its crash loop's auto-restart (service_facts calls that "stopped").
     defaults = yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instance_defaults"]
     (host_vars / f"{failing}.yml").write_text(yaml.safe_dump({
         "vllm_service_instance_defaults": {**defaults, "extra_args": ["--gpufleet-no-such-option"]},
-        "vllm_service_health_timeout": 45}))
+        "vllm_service_health_timeout": 45, "vllm_service_restart_sec": 60}))
     (host_vars / f"{other}.yml").write_text(yaml.safe_dump({
         "vllm_service_instance_defaults": {**defaults, "max_num_seqs": 8}}))
 
@@ -83,6 +80,8 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
     assert re.search(rf"upgrade: {failing}: layers serve, proxy", output), output[-6000:]
     assert re.search(rf"upgrade: {failing}: rolled_back \(layers serve, proxy, [0-9.]+ s\) - .*health did not answer 2xx",
                      output), output[-6000:]
+    # Why, in vLLM's own words: the last error line of the instance's journal.
+    assert "last error: api_server.py: error: unrecognized arguments: --gpufleet-no-such-option" in output, output[-6000:]
     assert "rolled back to what it served before" in output
     assert f"upgrade: {other}: not started" in output
     assert f"gpufleet: error: the rollout stopped: {failing}: rolled_back" in output
@@ -90,6 +89,9 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
     # The failed node serves what it served before, through its proxy, undrained.
     assert state(inventory, failing, SERVING) == before[failing]
     assert state(inventory, failing, RUNNING).splitlines()[:2] == ["active", "active"]
+    # Started by the rollback from the restored configuration, not by the failed one's crash loop restarting
+    # it (a stop and a start set systemd's count of automatic restarts to 0).
+    assert state(inventory, failing, "systemctl show -p NRestarts --value vllm@main vllm@greedy").split() == ["0", "0"]
     assert state(inventory, failing, THROUGH_PROXY).split() == ["200", "not-drained"]
     # The next node was never touched: same state, its instances not restarted.
     assert state(inventory, other, SERVING) == before[other]
