@@ -242,10 +242,12 @@ def api_key_absent(text: str, lab: ServedLab) -> bool:
 
 def openssl_handshake(address: str, protocol: str) -> str:
     """The protocol `openssl s_client` negotiated with the proxy when offering only `protocol`, or ''."""
-    result = subprocess.run(["openssl", "s_client", "-connect", f"{address}:443", f"-{protocol}",
+    # -brief prints the protocol once the handshake completes. The session block's "Protocol :" line comes
+    # only with a TLS 1.3 session ticket, which s_client often closed before (Debian 13's nginx: 3 runs in 5).
+    result = subprocess.run(["openssl", "s_client", "-brief", "-connect", f"{address}:443", f"-{protocol}",
                              "-CAfile", str(CACHE / "lab-tls" / "ca.crt")],
                             input="", capture_output=True, text=True, timeout=30, check=False)
-    match = re.search(r"^\s*Protocol\s*:\s*(\S+)", result.stdout, re.M)
+    match = re.search(r"^Protocol version: (\S+)$", result.stderr, re.M)
     return match.group(1) if match and result.returncode == 0 else ""
 
 
