@@ -23,12 +23,14 @@ from ansible.module_utils.drift_checks import (
     CheckError,
     Context,
     Finding,
+    check_service,
     require,
     sha256_file,
     short_hash,
 )
+from ansible.module_utils.fabric_manager import NVSWITCH_DEVICES, UNIT, count_nvswitches, parse_version
 from ansible.module_utils.kernel_key import TORCH_PROBE, KernelKeyError, build_key, key_components, parse_nvcc_version
-from ansible.module_utils.nvml import NvmlError, check_expectations, loaded_driver_state, read_gpu_state
+from ansible.module_utils.nvml import NvmlError, check_expectations, loaded_driver_state, read_fabric, read_gpu_state
 from ansible.module_utils.pip_lock import BOOTSTRAP_PACKAGES, LockError, canonical_name, diff_against_lock, parse_lock
 from ansible.module_utils.python_build import PROBE as PYTHON_PROBE
 from ansible.module_utils.python_build import PythonBuildError, configure_options, interpreter_path, mismatches
@@ -73,6 +75,25 @@ def check_driver(spec: dict, ctx: Context) -> list[Finding]:
     elif loaded != wanted:
         found.append(Finding(label, "loaded", wanted, loaded))
     return found
+
+
+def check_fabric_manager(spec: dict, ctx: Context) -> list[Finding]:
+    """On an NVSwitch system (found as nvidia_fabric_manager finds it): nvidia-fabricmanager of exactly the driver's
+    version, its service enabled and active. Nothing is expected of any other system."""
+    require(spec, "version")
+    try:
+        nvswitch = read_fabric(spec.get("library"))["nvswitch"]
+    except NvmlError:
+        # A driver NVML cannot reach is the driver check's finding; the driver's NVSwitch list still answers.
+        nvswitch = False
+    if not (nvswitch or count_nvswitches(spec.get("nvswitch_devices") or NVSWITCH_DEVICES)):
+        return []
+    wanted = str(spec["version"])
+    rc, out, err = ctx.run(["nv-fabricmanager", "--version"])
+    installed = parse_version(out + err) if rc == 0 else None
+    found = [] if installed == wanted else [Finding("nvidia-fabricmanager", "version", wanted,
+                                                    installed or "not installed", "CUDA fails with error 802")]
+    return found + check_service({"name": UNIT, "enabled": True, "active": True}, ctx)
 
 
 def check_gpus(spec: dict, ctx: Context) -> list[Finding]:
@@ -613,6 +634,7 @@ def _shown(value: Any) -> str:
 
 KINDS = {
     "driver": check_driver,
+    "fabric_manager": check_fabric_manager,
     "gpus": check_gpus,
     "dkms": check_dkms,
     "toolkits": check_toolkits,

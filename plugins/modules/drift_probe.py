@@ -14,10 +14,10 @@ description:
   - Used by C(playbooks/drift.yml), whose layer files build the checks from the same inventory variables the
     provisioning roles use (and render the roles' own templates on the controller for file contents).
   - Kinds of the system are C(file), C(directory), C(link), C(absent), C(packages), C(held), C(user), C(service),
-    C(sysctl), C(http). Kinds of the stack reuse the logic of the module that provisions the layer - C(driver) and C(dkms)
-    (nvidia_runfile), C(gpus) (nvidia_gpu_info expectations), C(toolkits) and C(ld_cache) (nvidia_runfile,
-    cuda_toolkit), C(pythons) (pyenv_install), C(venv) (pip_lock), C(kernels) (kernel_build_key), C(models)
-    (model_store).
+    C(sysctl), C(http). Kinds of the stack reuse the logic of the module that provisions the layer - C(driver) and
+    C(dkms) (nvidia_runfile), C(fabric_manager) (nvidia_fabric_manager), C(gpus) (nvidia_gpu_info expectations),
+    C(toolkits) and C(ld_cache) (nvidia_runfile, cuda_toolkit), C(pythons) (pyenv_install), C(venv) (pip_lock),
+    C(kernels) (kernel_build_key), C(models) (model_store).
   - Read-only; never reports a change. Drift is a result, not a failure; the module fails only on checks it
     cannot understand (a bug in the playbook).
 version_added: "0.1.0"
@@ -45,7 +45,9 @@ options:
       - "C(http): C(url), optional C(status) (default 200), C(headers), C(timeout), C(validate_certs)."
       - "C(driver): C(version), optional C(library). C(gpus): C(expect) (nvidia_gpu_info's keys), optional
         C(library). C(dkms): C(module), C(version), optional C(boot_dir) (default /boot; DKMS must have installed
-        the module for every kernel found there)."
+        the module for every kernel found there). C(fabric_manager): C(version) (the driver's), optional C(library),
+        C(nvswitch_devices); on an NVSwitch system only, nv-fabricmanager of that version, its service enabled and
+        active."
       - "C(toolkits): C(toolkits), a list of C({version, prefix}). C(ld_cache): C(directory)."
       - "C(pythons): C(pyenv_root), C(versions) (pyenv_python_versions), optional C(enable_shared),
         C(optimizations), C(lto), C(configure_opts)."

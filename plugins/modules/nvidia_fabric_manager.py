@@ -90,13 +90,12 @@ problem:
 """
 
 import os
-import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.fabric_manager import NVSWITCH_DEVICES, UNIT, count_nvswitches, parse_version, problem
 from ansible.module_utils.nvml import NvmlError, read_fabric
 
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
-VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?)\b")
 
 
 def installed_version(module: AnsibleModule, binary: str) -> str | None:
@@ -104,32 +103,7 @@ def installed_version(module: AnsibleModule, binary: str) -> str | None:
     if not path:
         return None
     rc, out, err = module.run_command([path, "--version"], environ_update=C_LOCALE)
-    found = VERSION.search(out + err) if rc == 0 else None
-    return found.group(1) if found else None
-
-
-def count_nvswitches(path: str) -> int:
-    try:
-        return len(os.listdir(path))
-    except OSError:
-        return 0
-
-
-def problem(nvswitch: bool, driver: str, installed: str | None, service: str | None = None) -> str | None:
-    """What is wrong; service is the unit's state when it must be active, None when it need not be."""
-    if not nvswitch:
-        return None
-    if installed is None:
-        return ("NVSwitch system without nvidia-fabricmanager: install fabric manager %s, the driver's version "
-                "(CUDA fails with error 802, system not yet initialized, until it runs)" % driver)
-    if installed != driver:
-        return ("nvidia-fabricmanager %s does not match the NVIDIA driver %s: install fabric manager %s with the "
-                "driver (CUDA fails with error 802 while they differ)" % (installed, driver, driver))
-    if service is not None and service != "active":
-        return ("nvidia-fabricmanager.service is %s, not active: CUDA fails with error 802 until it runs "
-                "(journalctl -u nvidia-fabricmanager.service says why; systemctl start nvidia-fabricmanager.service)"
-                % (service or "unknown"))
-    return None
+    return parse_version(out + err) if rc == 0 else None
 
 
 def main() -> None:
@@ -137,7 +111,7 @@ def main() -> None:
         "library": {"type": "path"},
         "driver_version": {"type": "str"},
         "binary": {"type": "str", "default": "nv-fabricmanager"},
-        "nvswitch_devices": {"type": "path", "default": "/proc/driver/nvidia-nvswitch/devices"},
+        "nvswitch_devices": {"type": "path", "default": NVSWITCH_DEVICES},
         "service_active": {"type": "bool", "default": False},
         "refuse": {"type": "bool", "default": True},
     }, supports_check_mode=True)
@@ -150,7 +124,7 @@ def main() -> None:
     driver = module.params["driver_version"] or state["driver_version"]
     installed = installed_version(module, module.params["binary"])
     systemctl = module.get_bin_path("systemctl")
-    service = (module.run_command([systemctl, "is-active", "nvidia-fabricmanager.service"])[1].strip()
+    service = (module.run_command([systemctl, "is-active", UNIT])[1].strip()
                if systemctl else "unknown")
     result = {"changed": False, "nvswitch": nvswitch, "fabric": state["gpus"], "nvswitch_count": switches,
               "driver_version": driver, "fabric_manager_version": installed, "service": service}

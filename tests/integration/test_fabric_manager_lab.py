@@ -23,6 +23,8 @@ from test_driver_support import play, publish_standins, sh
 HGX = PROJECT_ROOT / "lab" / "simgpu" / "hgx-h200x8.json"
 DESCRIPTION = "/etc/gpufleet-simgpu/gpus.json"
 SAVED = "/var/lib/gpufleet-test-fm-gpus.json"
+# A real (empty) Debian package under the name NVIDIA's apt repository gives the fabric manager of R580.
+APT_PACKAGE = "nvidia-fabricmanager-580"
 # nvidia_fabric_manager_install's default record, which names every file it installed.
 RECORD = "/var/lib/gpufleet/nvidia-fabricmanager.json"
 ARTIFACT_CACHE = yaml.safe_load((PROJECT_ROOT / "roles/artifact/defaults/main.yml").read_text())["artifact_node_cache"]
@@ -39,6 +41,7 @@ def restore(inventory: Path, host: str) -> None:
     script = f"""
 set -e
 systemctl disable --now nvidia-fabricmanager.service 2>/dev/null || true
+dpkg --purge {APT_PACKAGE} > /dev/null 2>&1 || true
 if [ -f {RECORD} ]; then
     python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("\\n".join(r["files"])); print(r["sha256"])' {RECORD} |
     while read -r path; do case "$path" in /*) rm -f "$path" ;; *) rm -rf {ARTIFACT_CACHE}/"$path" ;; esac; done
@@ -82,6 +85,18 @@ def fabric_check(inventory: Path, host: str, version: str) -> tuple[int, dict]:
         return result.returncode, json.loads((Path(tree) / host).read_text())
 
 
+def drift_findings(inventory: Path, host: str) -> list[tuple]:
+    """`gpufleet drift --layers driver` on the host: (check, field, expected, actual) of each finding."""
+    with tempfile.TemporaryDirectory(prefix="gpufleet-drift-") as out:
+        result = subprocess.run([str(Path(sys.executable).parent / "gpufleet"), "drift", "-i", str(inventory), "--limit",
+                                 host, "--layers", "driver", "--out", out], capture_output=True, text=True,
+                                cwd=PROJECT_ROOT, timeout=300, check=False)
+        report = json.loads((Path(out) / "report.json").read_text())
+    layer = report["nodes"][host]["layers"]["driver"]
+    assert result.returncode in (0, 2) and not layer["errors"], result.stdout + result.stderr
+    return [(item["check"], item["field"], item["expected"], item["actual"]) for item in layer["drift"]]
+
+
 def test_the_driver_layer_installs_and_runs_the_drivers_fabric_manager_and_refuses_another(
         lab_inventory: Path, hgx_host: str, ansible) -> None:
     sums = publish_standins()
@@ -105,6 +120,8 @@ def test_the_driver_layer_installs_and_runs_the_drivers_fabric_manager_and_refus
     # The running stand-in trained the simulated fabric, as nvidia-fabricmanager does.
     assert {gpu["state"] for gpu in checked["fabric"]} == {"completed"} and len(checked["fabric"]) == 8, checked
 
+    assert drift_findings(lab_inventory, hgx_host) == []
+
     rerun = play(lab_inventory, hgx_host, "driver.yml")
     assert rerun.rc == 0 and rerun.changed == 0, rerun.describe()
 
@@ -117,3 +134,13 @@ def test_the_driver_layer_installs_and_runs_the_drivers_fabric_manager_and_refus
     rc, refused = fabric_check(lab_inventory, hgx_host, version)
     assert rc != 0 and refused["fabric_manager_version"] == other_version, refused
     assert f"nvidia-fabricmanager {other_version} does not match the NVIDIA driver {version}" in refused["msg"]
+    assert drift_findings(lab_inventory, hgx_host) == [("nvidia-fabricmanager", "version", version, other_version)]
+
+    # A fabric manager installed from apt beside it: the driver layer refuses with the fix and installs nothing.
+    rc, out = sh(lab_inventory, hgx_host, f"""set -e; d=$(mktemp -d); mkdir $d/DEBIAN
+printf 'Package: {APT_PACKAGE}\\nVersion: {version}-1\\nArchitecture: all\\nMaintainer: gpufleet tests <tests@invalid>\\nDescription: gpufleet test package named as the apt fabric manager\\n' > $d/DEBIAN/control
+dpkg-deb --build $d $d.deb > /dev/null && dpkg -i $d.deb > /dev/null && rm -rf $d $d.deb""")
+    assert rc == 0, out
+    refused_apt = play(lab_inventory, hgx_host, "driver.yml")
+    assert refused_apt.rc != 0 and refused_apt.changed == 0, refused_apt.describe()
+    assert f"{APT_PACKAGE} installed from apt" in refused_apt.output and f"apt-get purge {APT_PACKAGE}" in refused_apt.output

@@ -13,10 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ansible.module_utils
 import pytest
 
 from gpufleet import PROJECT_ROOT
 from gpufleet.simgpu import SimulatedMachine
+
+# drift's checks import their siblings as ansible.module_utils.*, as AnsiballZ ships them to a host.
+ansible.module_utils.__path__.append(str(PROJECT_ROOT / "plugins" / "module_utils"))
+from ansible.module_utils import drift_checks, drift_stack  # noqa: E402
 
 HGX = PROJECT_ROOT / "lab" / "simgpu" / "hgx-h200x8.json"
 
@@ -151,3 +156,11 @@ def test_a_wrong_sha256_or_another_versions_archive_leaves_the_installed_one(arc
                        "nvidia_fabric_manager_install", check=False)
     assert wrong["failed"] and "not the fabric manager archive of driver 580.95.05" in wrong["msg"]
     assert tree(tmp_path) == before
+
+
+def test_drift_expects_no_fabric_manager_of_a_system_without_nvswitch(simgpu_machine: SimulatedMachine,
+                                                                      tmp_path: Path) -> None:
+    spec = {"kind": "fabric_manager", "version": "580.159.04", "library": str(simgpu_machine.library),
+            "nvswitch_devices": str(tmp_path / "none")}
+    # The real H200: no finding and nothing asked of systemd (the NVSwitch case runs on the lab, where systemd does).
+    assert drift_stack.check_fabric_manager(spec, drift_checks.Context()) == []
