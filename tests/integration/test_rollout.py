@@ -38,15 +38,17 @@ def nodes(lab_inventory: Path, lab_hosts: dict[str, dict]) -> tuple[Path, str, s
 
 
 @pytest.fixture()
-def host_vars(lab_inventory: Path) -> Iterator[Path]:
+def host_vars(lab_inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[Path]:
     directory = lab_inventory.parent / "host_vars"
     created = not directory.exists()
     directory.mkdir(exist_ok=True)
-    before = set(directory.iterdir())
+    # Only this lab's hosts' files: the directory is beside every lab's inventory, private labs' included.
+    ours = {directory / f"{host}.yml" for host in lab_hosts}
+    before = {path for path in ours if path.exists()}
     yield directory
-    for path in set(directory.iterdir()) - before:
-        path.unlink()
-    if created:
+    for path in ours - before:
+        path.unlink(missing_ok=True)
+    if created and not any(directory.iterdir()):
         directory.rmdir()
 
 
