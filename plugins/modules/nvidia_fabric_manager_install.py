@@ -91,7 +91,7 @@ unit_changed:
   type: bool
   returned: always
 ignored:
-  description: Members of the archive this module does not install (headers, samples).
+  description: Files of the archive this module does not install (headers, samples); links in it never are.
   type: list
   elements: str
   returned: success
@@ -141,8 +141,8 @@ def sha256_of(path: str) -> str:
 
 
 def read_archive(path: str, version: str) -> dict[str, bytes]:
-    """The archive's regular files by path below its top directory; refuses another version's archive, links
-    and paths outside the top directory."""
+    """The archive's regular files by path below its top directory (links in it are not installed: the library
+    link is made here); refuses another version's archive and paths outside the top directory."""
     top = "fabricmanager-linux-x86_64-%s-archive/" % version
     files = {}
     with tarfile.open(path, "r:xz") as archive:
@@ -153,11 +153,8 @@ def read_archive(path: str, version: str) -> dict[str, bytes]:
             if not name.startswith(top) or ".." in name.split("/"):
                 raise ValueError("%s holds %r outside %s: not the fabric manager archive of driver %s"
                                  % (path, member.name, top, version))
-            if member.isdir():
-                continue
-            if not member.isfile():
-                raise ValueError("%s holds %r, which is not a regular file" % (path, member.name))
-            files[name[len(top):]] = archive.extractfile(member).read()
+            if member.isfile():
+                files[name[len(top):]] = archive.extractfile(member).read()
     missing = [name for name in REQUIRED if name not in files]
     if missing:
         raise ValueError("%s lacks %s" % (path, ", ".join(missing)))

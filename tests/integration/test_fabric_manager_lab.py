@@ -48,6 +48,8 @@ if [ -f {RECORD} ]; then
     rm -f {RECORD}
 fi
 rm -f /etc/systemd/system/nvidia-fabricmanager.service
+rm -rf /var/run/nvidia-fabricmanager
+ldconfig
 rmdir /usr/share/nvidia/nvswitch /usr/share/nvidia /usr/share/doc/nvidia-fabricmanager 2>/dev/null || true
 systemctl daemon-reload
 systemctl reset-failed nvidia-fabricmanager.service 2>/dev/null || true
