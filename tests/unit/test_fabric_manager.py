@@ -5,12 +5,16 @@ into a temporary root."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import lzma
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import ansible.module_utils
@@ -164,3 +168,27 @@ def test_drift_expects_no_fabric_manager_of_a_system_without_nvswitch(simgpu_mac
             "nvswitch_devices": str(tmp_path / "none")}
     # The real H200: no finding and nothing asked of systemd (the NVSwitch case runs on the lab, where systemd does).
     assert drift_stack.check_fabric_manager(spec, drift_checks.Context()) == []
+
+
+def test_links_and_files_it_does_not_install_are_left_out_of_the_archive(archives: dict, tmp_path: Path) -> None:
+    """NVIDIA's archive may carry the libnvfm.so link and headers: the module makes the link itself and lists the rest."""
+    source = archives["580.95.05"].path
+    top = "fabricmanager-linux-x86_64-580.95.05-archive"
+    stream = io.BytesIO()
+    with tarfile.open(source, "r:xz") as original, tarfile.open(fileobj=stream, mode="w") as repacked:
+        for member in original.getmembers():
+            repacked.addfile(member, original.extractfile(member) if member.isfile() else None)
+        link = tarfile.TarInfo(f"{top}/lib/libnvfm.so")
+        link.type, link.linkname = tarfile.SYMTYPE, "libnvfm.so.1"
+        repacked.addfile(link)
+        header = tarfile.TarInfo(f"{top}/include/nv_fm_agent.h")
+        header.size = 3
+        repacked.addfile(header, io.BytesIO(b"/**"))
+    archive = tmp_path / source.name
+    archive.write_bytes(lzma.compress(stream.getvalue(), format=lzma.FORMAT_XZ))
+    root = tmp_path / "root"
+    result = run_module(dict(install_args(root, archives["580.95.05"], "580.95.05"), archive=str(archive),
+                             sha256=hashlib.sha256(archive.read_bytes()).hexdigest()),
+                        "nvidia_fabric_manager_install", check=False)
+    assert not result["failed"] and result["ignored"] == ["include/nv_fm_agent.h"], result
+    assert (root / "usr/lib/libnvfm.so").readlink() == Path("libnvfm.so.1")
