@@ -1,40 +1,27 @@
 """The controller side of the version-chain check: load the knowledge base and the one validator.
 
 The validator lives in plugins/module_utils/stack_chain.py because the same file is shipped to hosts
-inside Ansible modules; the CLI loads that very file (not a copy) by path.
+inside Ansible modules; the CLI imports that very file (not a copy) by its collection path.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import yaml
 
-from gpufleet import PROJECT_ROOT
+from gpufleet import collection
 from gpufleet.errors import GpufleetError
 
-MODULE_UTILS_DIR = PROJECT_ROOT / "plugins" / "module_utils"
-DEFAULT_KB_DIR = PROJECT_ROOT / "data" / "compat"
 INVALID_EXIT_CODE = 2
 
 
 def load_module_util(name: str) -> ModuleType:
-    """Import plugins/module_utils/<name>.py under a private name (it has no Ansible imports)."""
-    qualified = f"gpufleet._module_utils.{name}"
-    if qualified in sys.modules:
-        return sys.modules[qualified]
-    spec = importlib.util.spec_from_file_location(qualified, MODULE_UTILS_DIR / f"{name}.py")
-    if spec is None or spec.loader is None:
-        raise GpufleetError(f"cannot load {MODULE_UTILS_DIR / name}.py; is the checkout complete?")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[qualified] = module
-    spec.loader.exec_module(module)
-    return module
+    """plugins/module_utils/<name>.py of the collection."""
+    return collection.module_util(name)
 
 
 def stack_chain() -> ModuleType:
@@ -48,8 +35,8 @@ def stack_kb() -> ModuleType:
 
 
 def kb_dir_from_env() -> Path:
-    """The knowledge base directory: $GPUFLEET_COMPAT_DIR or data/compat in the checkout."""
-    return Path(os.environ.get("GPUFLEET_COMPAT_DIR", str(DEFAULT_KB_DIR)))
+    """The knowledge base directory: $GPUFLEET_COMPAT_DIR or data/compat in the collection."""
+    return Path(os.environ.get("GPUFLEET_COMPAT_DIR") or stack_kb().default_kb_dir())
 
 
 def load_knowledge_base(kb_dir: Path | None = None) -> dict[str, Any]:

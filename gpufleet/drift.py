@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet import PROJECT_ROOT
 from gpufleet import layers as layer_registry
 from gpufleet.errors import GpufleetError
 from gpufleet.report import FleetReport, ReportError, load_report
@@ -157,9 +156,8 @@ def run_drift(inventory: Path, *, limit: str | None = None, layers: list[str] | 
         extravars={**(extravars or {}), **({"drift_layers": layers} if layers else {})},
         run_id=run_id,
         envvars={
-            # ansible-runner replaces the callback path with its own: name ours again, and enable it.
-            "ANSIBLE_CALLBACK_PLUGINS": str(PROJECT_ROOT / "plugins" / "callback"),
-            "ANSIBLE_CALLBACKS_ENABLED": "gpufleet_drift",
+            # The collection's callback, by its full name (found through the run's collections path).
+            "ANSIBLE_CALLBACKS_ENABLED": "gpufleet.fleet.gpufleet_drift",
             "GPUFLEET_DRIFT_REPORT_DIR": str(report_dir),
             "GPUFLEET_DRIFT_RUN_ID": run_id,
         },

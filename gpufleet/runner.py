@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet import PROJECT_ROOT
+from gpufleet.collection import collections_dir
 from gpufleet.errors import GpufleetError
 
 STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
@@ -110,7 +111,9 @@ def run_playbook(
         tags=tags,
         cmdline=cmdline or None,
         extravars=extravars or {},
-        envvars={"ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"), **(envvars or {})},
+        # The collection's own path only: a copy installed elsewhere must not stand in for this one.
+        envvars={"ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
+                 "ANSIBLE_COLLECTIONS_PATH": str(collections_dir()), **(envvars or {})},
         quiet=quiet,
         event_handler=event_handler,
     )

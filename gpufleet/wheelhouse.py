@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import html
-import importlib.util
 import json
 import os
 import re
@@ -25,13 +24,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import quote, unquote
 
 import yaml
 
-from gpufleet import PROJECT_ROOT, compat
+from gpufleet import compat
 from gpufleet.digests import sha256_file
 from gpufleet.errors import GpufleetError
 
@@ -45,19 +43,9 @@ _PYTHON_RE = re.compile(r"^3\.\d{1,2}$")
 _LEGACY_MANYLINUX = {(2, 17): "manylinux2014", (2, 12): "manylinux2010", (2, 5): "manylinux1"}
 
 
-def _load_pip_lock() -> ModuleType:
-    """plugins/module_utils/pip_lock.py: the lock parser and writer shipped to nodes with the pip_lock
-    module. Loaded from its file so that the controller and the nodes share one implementation."""
-    path = PROJECT_ROOT / "plugins" / "module_utils" / "pip_lock.py"
-    spec = importlib.util.spec_from_file_location("gpufleet_pip_lock", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
-
-
-pip_lock = _load_pip_lock()
+# The lock parser and writer shipped to nodes with the pip_lock module: the controller and the nodes share one
+# implementation.
+pip_lock = compat.load_module_util("pip_lock")
 
 
 @dataclass(frozen=True)

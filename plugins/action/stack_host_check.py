@@ -4,25 +4,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 from ansible.plugins.action import ActionBase
-
-PLUGINS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_KB_DIR = os.path.join(os.path.dirname(PLUGINS_DIR), "data", "compat")
-
-
-def load_stack_kb():
-    """Load plugins/module_utils/stack_kb.py: Ansible puts custom module_utils on the path of modules only."""
-    name = "gpufleet_action_stack_kb"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(PLUGINS_DIR, "module_utils", "stack_kb.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_kb
 
 
 class ActionModule(ActionBase):
@@ -34,14 +19,13 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         module_args = dict(self._task.args)
         if not module_args.get("compat_facts"):
-            kb_module = load_stack_kb()
-            kb_dir = os.environ.get("GPUFLEET_COMPAT_DIR") or DEFAULT_KB_DIR
+            kb_dir = os.environ.get("GPUFLEET_COMPAT_DIR") or stack_kb.default_kb_dir()
             try:
-                module_args["compat_facts"] = kb_module.host_check_subset(kb_module.load_kb(kb_dir))
-            except kb_module.KnowledgeBaseError as error:
+                module_args["compat_facts"] = stack_kb.host_check_subset(stack_kb.load_kb(kb_dir))
+            except stack_kb.KnowledgeBaseError as error:
                 result.update(failed=True, changed=False, msg="cannot load the knowledge base: %s" % error)
                 return result
-        result.update(self._execute_module(module_name="stack_host_check", module_args=module_args,
-                                           task_vars=task_vars))
+        result.update(self._execute_module(module_name="gpufleet.fleet.stack_host_check",
+                                           module_args=module_args, task_vars=task_vars))
         result["changed"] = False
         return result

@@ -9,10 +9,10 @@ never changes anything and works the same in check mode. Documentation: plugins/
 from __future__ import annotations
 
 import os
-import sys
 
 from ansible.plugins.action import ActionBase
-from ansible.plugins.loader import lookup_loader
+from ansible_collections.gpufleet.fleet.plugins.lookup import gpufleet_stack as helpers
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_conflicts
 
 ARGUMENT_SPEC = {
     "stack": {"type": "dict"},
@@ -30,13 +30,11 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         result["changed"] = False
-        stack_lookup = lookup_loader.get("gpufleet_stack", loader=self._loader, templar=self._templar)
-        helpers = sys.modules[type(stack_lookup).__module__]
         if args.get("kb_dir"):
             os.environ["GPUFLEET_COMPAT_DIR"] = args["kb_dir"]
         # The role variables the stack owns are read here only when the inventory sets them: this play loads
         # no role, so no role default is among the task's variables.
-        role_variables = helpers.load_module_util("stack_conflicts").ROLE_VARIABLES
+        role_variables = stack_conflicts.ROLE_VARIABLES
         names = ("gpufleet_mirror_url", "gpufleet_artifact_sha256", "cuda_toolkit_extra_versions",
                  "inference_venv_stack_options", "pyenv_python_pyenv_version", "gpufleet_stack") + role_variables
         variables = dict((name, self._templar.template(task_vars[name])) for name in names if name in task_vars)
@@ -66,16 +64,15 @@ class ActionModule(ActionBase):
         resolved = outcome["resolved"]
         result["artifacts"] = resolved["artifacts"]
         result["chain"] = dict((key, value) for key, value in resolved.items() if key != "artifacts")
-        return self._conflicts(result, helpers, variables, resolved, task_vars)
+        return self._conflicts(result, variables, resolved, task_vars)
 
-    def _conflicts(self, result, helpers, variables, resolved, task_vars):
+    def _conflicts(self, result, variables, resolved, task_vars):
         """Fail when an inventory value of a role variable contradicts the stack, naming both and where each is."""
-        conflicts_module = helpers.load_module_util("stack_conflicts")
-        plain = helpers.plain(dict((name, variables[name]) for name in conflicts_module.ROLE_VARIABLES
+        plain = helpers.plain(dict((name, variables[name]) for name in stack_conflicts.ROLE_VARIABLES
                                    if name in variables))
         host, groups = task_vars.get("inventory_hostname"), list(task_vars.get("group_names") or [])
-        found = conflicts_module.conflicts(plain, resolved)
-        result["conflicts"] = [conflicts_module.describe(item, host, groups, task_vars.get("inventory_dir"))
+        found = stack_conflicts.conflicts(plain, resolved)
+        result["conflicts"] = [stack_conflicts.describe(item, host, groups, task_vars.get("inventory_dir"))
                                for item in found]
         if found:
             result["failed"] = True

@@ -8,13 +8,12 @@ host a role runs on is validated before the role can read anything from it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_artifacts, stack_chain, stack_kb
 
 DOCUMENTATION = r"""
 name: gpufleet_stack
@@ -40,8 +39,8 @@ options:
 """
 
 EXAMPLES = r"""
-nvidia_driver_version: "{{ lookup('gpufleet_stack', 'driver.version') }}"
-cuda_toolkit_versions: "{{ lookup('gpufleet_stack', 'toolkits') }}"
+nvidia_driver_version: "{{ lookup('gpufleet.fleet.gpufleet_stack', 'driver.version') }}"
+cuda_toolkit_versions: "{{ lookup('gpufleet.fleet.gpufleet_stack', 'toolkits') }}"
 """
 
 RETURN = r"""
@@ -50,24 +49,11 @@ _raw:
   type: list
 """
 
-PLUGINS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_KB_DIR = os.path.join(os.path.dirname(PLUGINS_DIR), "data", "compat")
 _CACHE = {}
 
 
-def load_module_util(name: str):
-    """plugins/module_utils/<name>.py: Ansible puts custom module_utils on the path of modules only."""
-    qualified = "gpufleet_controller_" + name
-    if qualified not in sys.modules:
-        spec = importlib.util.spec_from_file_location(qualified, os.path.join(PLUGINS_DIR, "module_utils", name + ".py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[qualified] = module
-        spec.loader.exec_module(module)
-    return sys.modules[qualified]
-
-
 def kb_dir() -> str:
-    return os.environ.get("GPUFLEET_COMPAT_DIR") or DEFAULT_KB_DIR
+    return os.environ.get("GPUFLEET_COMPAT_DIR") or stack_kb.default_kb_dir()
 
 
 def plain(value):
@@ -103,17 +89,14 @@ def validate_and_resolve(inputs: dict) -> dict:
 
 
 def _compute(inputs: dict) -> dict:
-    chain = load_module_util("stack_chain")
-    kb_module = load_module_util("stack_kb")
-    artifacts = load_module_util("stack_artifacts")
     if inputs["stack"] is None:
         return {"report": None, "resolved": None,
                 "error": "no gpufleet_stack is declared for this host: declare one per GPU class in the "
                          "inventory's group_vars (see inventories/example)"}
     try:
-        kb = kb_module.load_kb(kb_dir())
-        report = chain.validate_stack(chain.normalize_stack(inputs["stack"]), kb)
-    except (chain.StackError, kb_module.KnowledgeBaseError) as error:
+        kb = stack_kb.load_kb(kb_dir())
+        report = stack_chain.validate_stack(stack_chain.normalize_stack(inputs["stack"]), kb)
+    except (stack_chain.StackError, stack_kb.KnowledgeBaseError) as error:
         return {"report": None, "resolved": None, "error": "gpufleet_stack is invalid: %s" % error}
     if report["errors"]:
         return {"report": report, "resolved": None,
@@ -121,9 +104,9 @@ def _compute(inputs: dict) -> dict:
                     len(report["errors"]),
                     " | ".join("[%s] %s" % (item["link"], item["message"]) for item in report["errors"]))}
     try:
-        resolved = artifacts.resolve(report["stack"], kb, inputs["mirror_url"], inputs["pins"],
-                                     inputs["extra_toolkits"], inputs["venv_options"], inputs["pyenv_version"])
-    except artifacts.ArtifactError as error:
+        resolved = stack_artifacts.resolve(report["stack"], kb, inputs["mirror_url"], inputs["pins"],
+                                           inputs["extra_toolkits"], inputs["venv_options"], inputs["pyenv_version"])
+    except stack_artifacts.ArtifactError as error:
         return {"report": report, "resolved": None, "error": "the declared stack cannot be installed: %s" % error}
     resolved["stack"] = report["stack"]
     return {"report": report, "resolved": resolved, "error": None}
@@ -159,9 +142,8 @@ class LookupModule(LookupBase):
                 raise AnsibleLookupError(str(error))
         if version and outcome["resolved"]["driver"] and str(version) != outcome["resolved"]["driver"]["version"]:
             # nvidia_driver_version set on purpose to another driver: that driver's runfile.
-            artifacts = load_module_util("stack_artifacts")
             try:
-                return [artifacts.driver_runfile(str(version), inputs["mirror_url"], inputs["pins"])]
-            except artifacts.ArtifactError as error:
+                return [stack_artifacts.driver_runfile(str(version), inputs["mirror_url"], inputs["pins"])]
+            except stack_artifacts.ArtifactError as error:
                 raise AnsibleLookupError(str(error))
         return [path_value(outcome["resolved"], str(term)) for term in terms]

@@ -19,7 +19,7 @@ import re
 import tarfile
 from typing import Any
 
-from ansible.module_utils.drift_checks import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import (
     CheckError,
     Context,
     Finding,
@@ -28,14 +28,26 @@ from ansible.module_utils.drift_checks import (
     sha256_file,
     short_hash,
 )
-from ansible.module_utils.fabric_manager import NVSWITCH_DEVICES, UNIT, count_nvswitches, parse_version
-from ansible.module_utils.kernel_key import TORCH_PROBE, KernelKeyError, build_key, key_components, parse_nvcc_version
-from ansible.module_utils.nvml import NvmlError, check_expectations, loaded_driver_state, read_fabric, read_gpu_state
-from ansible.module_utils.pip_lock import BOOTSTRAP_PACKAGES, LockError, canonical_name, diff_against_lock, parse_lock
-from ansible.module_utils.python_build import PROBE as PYTHON_PROBE
-from ansible.module_utils.python_build import PythonBuildError, configure_options, interpreter_path, mismatches
-from ansible.module_utils.python_build import parse_probe as parse_python_probe
-from ansible.module_utils.runfile import installed_driver, installed_toolkit, loaded_driver_from_kernel, parse_nvcc_release
+from ansible_collections.gpufleet.fleet.plugins.module_utils.fabric_manager import (
+    NVSWITCH_DEVICES, UNIT, count_nvswitches, parse_version,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.kernel_key import (
+    TORCH_PROBE, KernelKeyError, build_key, key_components, parse_nvcc_version,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import (
+    NvmlError, check_expectations, loaded_driver_state, read_fabric, read_gpu_state,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.pip_lock import (
+    BOOTSTRAP_PACKAGES, LockError, canonical_name, diff_against_lock, parse_lock,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import PROBE as PYTHON_PROBE
+from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import (
+    PythonBuildError, configure_options, interpreter_path, mismatches,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import parse_probe as parse_python_probe
+from ansible_collections.gpufleet.fleet.plugins.module_utils.runfile import (
+    installed_driver, installed_toolkit, loaded_driver_from_kernel, parse_nvcc_release,
+)
 
 # What model_store writes beside the weights: never "unexpected files".
 MODEL_MARKER = ".gpufleet-model.json"

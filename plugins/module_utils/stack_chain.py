@@ -14,21 +14,9 @@ Both return a report dict: {"compatible", "errors", "warnings", "facts"}.
 
 from __future__ import annotations
 
-import os
 import re
 
-try:
-    # Inside a module on a host, Ansible ships module_utils/cuda_arch.py with this file.
-    from ansible.module_utils.cuda_arch import gpu_coverage as _gpu_coverage
-except ImportError:
-    # On the controller this file is loaded by path (gpufleet/compat.py, action plugins): load its sibling.
-    import importlib.util as _importlib_util
-
-    _SPEC = _importlib_util.spec_from_file_location(
-        "gpufleet_cuda_arch", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_arch.py"))
-    _CUDA_ARCH = _importlib_util.module_from_spec(_SPEC)
-    _SPEC.loader.exec_module(_CUDA_ARCH)
-    _gpu_coverage = _CUDA_ARCH.gpu_coverage
+from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import gpu_coverage as _gpu_coverage
 
 REPORT_SCHEMA = "gpufleet.stack-report/v1"
 REQUIRED_KEYS = ("gpu", "driver", "cuda", "python", "torch", "torch_variant", "vllm")

@@ -74,9 +74,11 @@ class KnowledgeBaseError(ValueError):
     """The knowledge base directory is missing, or a table lacks a required column."""
 
 
-def default_kb_dir(repo_root: str) -> str:
-    """Where the knowledge base lives inside a checkout."""
-    return os.path.join(repo_root, "data", "compat")
+def default_kb_dir() -> str:
+    """The knowledge base that ships inside the collection (data/compat at its root); controller only, as this
+    file's location means nothing inside a module's payload on a host."""
+    collection_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(collection_root, "data", "compat")
 
 
 def read_table(path: str, required: tuple) -> list:

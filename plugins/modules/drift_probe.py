@@ -158,8 +158,10 @@ gpufleet_drift:
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.drift_checks import Context, SpecError, register, run_checks, validate
-from ansible.module_utils.drift_stack import KINDS as STACK_KINDS
+from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import (
+    Context, SpecError, register, run_checks, validate,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_stack import KINDS as STACK_KINDS
 
 
 def main() -> None:

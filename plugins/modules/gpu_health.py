@@ -107,14 +107,14 @@ import os
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_health import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpu_health import (
     dcgm_problems,
     kernel_log_this_boot,
     nvml_problems,
     parse_xids,
     xid_problems,
 )
-from ansible.module_utils.nvml import NvmlError, code_name, read_gpu_state
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import NvmlError, code_name, read_gpu_state
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "library": {"type": "path"},

@@ -95,7 +95,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.kernel_key import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.kernel_key import (
     TORCH_PROBE,
     KernelKeyError,
     build_key,

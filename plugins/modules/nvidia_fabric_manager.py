@@ -92,8 +92,10 @@ problem:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.fabric_manager import NVSWITCH_DEVICES, UNIT, count_nvswitches, parse_version, problem
-from ansible.module_utils.nvml import NvmlError, read_fabric
+from ansible_collections.gpufleet.fleet.plugins.module_utils.fabric_manager import (
+    NVSWITCH_DEVICES, UNIT, count_nvswitches, parse_version, problem,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import NvmlError, read_fabric
 
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
 

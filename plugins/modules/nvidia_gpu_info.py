@@ -328,7 +328,7 @@ error_kind:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvml import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import (
     EXPECT_KEYS,
     NvmlDriverNotLoaded,
     NvmlError,

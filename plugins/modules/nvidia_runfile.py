@@ -218,8 +218,8 @@ log_tail:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvml import loaded_driver_state
-from ansible.module_utils.runfile import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import loaded_driver_state
+from ansible_collections.gpufleet.fleet.plugins.module_utils.runfile import (
     DOWNGRADE,
     DRIVER_LOG,
     DRIVER_UNINSTALLER,

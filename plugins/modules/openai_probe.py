@@ -194,7 +194,9 @@ results:
 from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.openai_http import RequestClass, Server, model_ids, run_class, wait_for_health
+from ansible_collections.gpufleet.fleet.plugins.module_utils.openai_http import (
+    RequestClass, Server, model_ids, run_class, wait_for_health,
+)
 
 REQUEST_OPTIONS = dict(
     name=dict(type="str", required=True),

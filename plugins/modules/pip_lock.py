@@ -139,7 +139,7 @@ import os
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.pip_lock import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.pip_lock import (
     LockError,
     canonical_name,
     diff_against_lock,

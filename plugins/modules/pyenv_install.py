@@ -216,7 +216,7 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.python_build import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import (
     PROBE,
     PythonBuildError,
     build_environment,

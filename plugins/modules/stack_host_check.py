@@ -144,7 +144,7 @@ host:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.stack_chain import StackError, check_host
+from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_chain import StackError, check_host
 
 ARGUMENT_SPEC = dict(
     driver_version=dict(type="str"),

@@ -390,10 +390,10 @@ probe:
 import inspect
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import torch_probe_script
-from ansible.module_utils.cuda_arch import ArchError, arch_coverage, parse_capability
-from ansible.module_utils.torch_diagnosis import diagnose
-from ansible.module_utils.torch_probe import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils import torch_probe_script
+from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import ArchError, arch_coverage, parse_capability
+from ansible_collections.gpufleet.fleet.plugins.module_utils.torch_diagnosis import diagnose
+from ansible_collections.gpufleet.fleet.plugins.module_utils.torch_probe import (
     ProbeError,
     build_report,
     check_expect,

@@ -19,9 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
-sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
 
-import pip_lock  # noqa: E402  (the module_utils file, imported as a plain module)
+from ansible_collections.gpufleet.fleet.plugins.module_utils import pip_lock  # noqa: E402
 from wheel_factory import make_wheel, sha256  # noqa: E402
 
 from gpufleet.lab import mirror  # noqa: E402
@@ -45,7 +44,7 @@ PLAYBOOK = """
         path: "{{ venv }}"
         state: absent
     - name: Install the lock from the mirror
-      pip_lock:
+      gpufleet.fleet.pip_lock:
         venv: "{{ venv }}"
         python: /usr/bin/python3.11
         lock: "{{ lock }}"

@@ -217,7 +217,7 @@ def test_openai_probe_streams_through_the_proxy(served_lab: ServedLab) -> None:
             "requests": [{"name": "stream", "count": 4, "concurrency": 2, "stream": True, "max_tokens": 32,
                           "extra_body": {"ignore_eos": True}},
                          {"name": "chat", "endpoint": "chat", "max_tokens": 8}]}
-    result = subprocess.run([str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "openai_probe",
+    result = subprocess.run([str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "gpufleet.fleet.openai_probe",
                              "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"],
                             capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300, check=False,
                             env={**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",

@@ -42,7 +42,7 @@ PLAYBOOK = textwrap.dedent(f"""\
         LD_LIBRARY_PATH: {PREFIX}/lib
       tasks:
         - name: Read the clean state
-          nvidia_gpu_info:
+          gpufleet.fleet.nvidia_gpu_info:
             library: {PREFIX}/lib/libnvidia-ml.so.1
             expect: {{ecc_errors: 0, model: H200, gpu_count: 1}}
           register: clean
@@ -57,7 +57,7 @@ PLAYBOOK = textwrap.dedent(f"""\
             {PREFIX}/sbin/gpufleet-simgpuctl --description {PREFIX}/etc/gpus.json ecc-errors --gpu 0 12
           changed_when: true
         - name: Check expect against the new state
-          nvidia_gpu_info:
+          gpufleet.fleet.nvidia_gpu_info:
             library: {PREFIX}/lib/libnvidia-ml.so.1
             expect: {{ecc_errors: 0}}
           register: drifted

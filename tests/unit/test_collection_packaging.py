@@ -82,13 +82,74 @@ def test_the_execution_environment_installs_what_the_controller_pins() -> None:
     assert entry["name"].startswith(copied["dest"] + "/")
 
 
-def test_the_built_collection_installs_into_an_empty_path(collection_tarball: Path, tmp_path: Path) -> None:
-    # Only tmp_path is searched: a copy installed elsewhere (~/.ansible/collections) would otherwise make
-    # galaxy answer "Nothing to do" and install nothing here.
-    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(tmp_path)}
-    result = subprocess.run([str(GALAXY), "collection", "install", "--offline", "-p", str(tmp_path),
-                             str(collection_tarball)], capture_output=True, text=True, check=False, env=env)
+def _only_path(path: Path) -> dict[str, str]:
+    """An environment in which Ansible sees the collections under `path` only, and no ansible.cfg: a copy
+    installed elsewhere (~/.ansible/collections) or the checkout would otherwise stand in for the one tested."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("ANSIBLE_") and name != "PYTHONPATH"}
+    return {**env, "ANSIBLE_COLLECTIONS_PATH": str(path), "ANSIBLE_NOCOLOR": "1"}
+
+
+@pytest.fixture(scope="module")
+def installed(collection_tarball: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tarball installed into an empty collections path; the path that holds ansible_collections/."""
+    path = tmp_path_factory.mktemp("collections")
+    result = subprocess.run([str(GALAXY), "collection", "install", "--offline", "-p", str(path),
+                             str(collection_tarball)], capture_output=True, text=True, check=False,
+                            env=_only_path(path), cwd=path)
     assert result.returncode == 0, result.stderr
-    installed = tmp_path / "ansible_collections/gpufleet/fleet"
-    assert (installed / "roles/nvidia_driver/meta/argument_specs.yml").is_file()
-    assert json.loads((installed / "MANIFEST.json").read_text())["collection_info"]["name"] == "fleet"
+    return path
+
+
+def test_the_built_collection_installs_into_an_empty_path(installed: Path) -> None:
+    root = installed / "ansible_collections/gpufleet/fleet"
+    assert (root / "roles/nvidia_driver/meta/argument_specs.yml").is_file()
+    assert json.loads((root / "MANIFEST.json").read_text())["collection_info"]["name"] == "fleet"
+    # The checkout's link back to itself is not content.
+    assert not (root / "collections").exists()
+
+
+def test_an_installed_module_runs_with_its_module_utils(installed: Path, tmp_path: Path) -> None:
+    # drift_probe imports drift_checks and drift_stack, which import five more of the collection's module_utils:
+    # with `ansible.module_utils.*` imports this failed ("Could not find imported module support code").
+    watched = tmp_path / "cuda.conf"
+    watched.write_text("/usr/local/cuda-12.8/lib64\n")
+    args = {"layer": "toolkit",
+            "checks": [{"kind": "file", "path": str(watched), "content": "/usr/local/cuda/lib64\n"}]}
+    env = {**_only_path(installed), "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
+           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    result = subprocess.run([str(GALAXY.with_name("ansible")), "localhost", "-i", "localhost,", "-c", "local",
+                             "--check", "-m", "gpufleet.fleet.drift_probe", "-a", json.dumps(args),
+                             "-e", f"ansible_python_interpreter={sys.executable}"],
+                            capture_output=True, text=True, check=False, env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    host_result = json.loads(result.stdout.split("=>", 1)[1])
+    assert host_result["changed"] is False
+    assert (host_result["gpufleet_drift"]["status"], host_result["gpufleet_drift"]["drift"][0]["field"]) == (
+        "drifted", "content")
+
+
+@pytest.mark.parametrize("playbook", ["site.yml", "drift.yml", "doctor.yml", "upgrade.yml"])
+def test_the_installed_playbooks_pass_a_syntax_check(installed: Path, tmp_path: Path, playbook: str) -> None:
+    # Roles, modules, filters and lookups resolve from the installed copy alone (no ansible.cfg, no checkout).
+    path = installed / "ansible_collections/gpufleet/fleet/playbooks" / playbook
+    result = subprocess.run([str(GALAXY.with_name("ansible-playbook")), "--syntax-check", "-i", "localhost,",
+                             str(path)], capture_output=True, text=True, check=False, env=_only_path(installed), cwd=tmp_path,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_cli_of_the_installed_copy_runs_its_playbooks(installed: Path, tmp_path: Path) -> None:
+    # `gpufleet plan` runs playbooks/preflight.yml (on the controller, in check mode) of the copy the CLI is in.
+    root = installed / "ansible_collections/gpufleet/fleet"
+    example = root / "inventories/example"
+    env = {**_only_path(tmp_path / "nothing-here"), "PYTHONPATH": str(root),
+           "ANSIBLE_VAULT_PASSWORD_FILE": str(example / "example-vault-password")}
+    result = subprocess.run([sys.executable, "-m", "gpufleet", "plan", "-i", str(example), "--json"],
+                            capture_output=True, text=True, check=False, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["compatible"] is True
+    # ... and that copy is the installed one, not the checkout the test runs from.
+    where = subprocess.run([sys.executable, "-c", "import gpufleet; print(gpufleet.PROJECT_ROOT)"], capture_output=True,
+                           text=True, check=True, env=env, cwd=tmp_path)
+    assert where.stdout.strip() == str(root)

@@ -17,16 +17,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
-from gpufleet import PROJECT_ROOT
 from gpufleet.simgpu import SimulatedMachine
 
-MODULE_UTILS = PROJECT_ROOT / "plugins" / "module_utils"
-# The checks import their siblings as ansible.module_utils.*, as AnsiballZ ships them to a host.
-ansible.module_utils.__path__.append(str(MODULE_UTILS))
-from ansible.module_utils import drift_checks, drift_stack, pip_lock  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import drift_checks, drift_stack, pip_lock
 
 sys.path.insert(0, str(Path(__file__).parent))
 from wheel_factory import make_wheel, sha256  # noqa: E402

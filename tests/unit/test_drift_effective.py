@@ -11,13 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
-from gpufleet import PROJECT_ROOT
-
-ansible.module_utils.__path__.append(str(PROJECT_ROOT / "plugins" / "module_utils"))
-from ansible.module_utils import drift_checks, drift_stack, pip_lock  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import drift_checks, drift_stack, pip_lock
 
 sys.path.insert(0, str(Path(__file__).parent))
 from wheel_factory import make_wheel, sha256  # noqa: E402

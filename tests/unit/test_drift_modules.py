@@ -18,7 +18,7 @@ BIN = Path(sys.executable).parent
 
 
 def ansible_module(module: str, args: dict, check: bool = True) -> dict:
-    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", module,
+    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", f"gpufleet.fleet.{module}",
                "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"] + (["--check"] if check else [])
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg")}
@@ -64,6 +64,7 @@ def test_drift_result_records_without_contacting_the_host() -> None:
                                             ("callback", "gpufleet_drift")])
 def test_the_documentation_renders(kind: str, name: str) -> None:
     env = {**os.environ, "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg")}
+    name = f"gpufleet.fleet.{name}"
     result = subprocess.run([str(BIN / "ansible-doc"), "-t", kind, "--json", name], capture_output=True, text=True,
                             cwd=PROJECT_ROOT, env=env, check=False)
     assert result.returncode == 0, result.stderr

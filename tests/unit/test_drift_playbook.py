@@ -24,8 +24,9 @@ PLAYBOOK = PROJECT_ROOT / "playbooks" / "drift.yml"
 ROLES = PROJECT_ROOT / "roles"
 
 # Modules that only read (or only run on the controller without touching the host), by their FQCN.
-READ_ONLY_MODULES = frozenset({
-    "drift_probe", "drift_result", "gpu_health", "nvidia_fabric_manager", "nvidia_gpu_info", "torch_stack_info", "stack_host_check", "stack_validate",
+READ_ONLY_MODULES = frozenset({f"gpufleet.fleet.{name}" for name in (
+    "drift_probe", "drift_result", "gpu_health", "nvidia_fabric_manager", "nvidia_gpu_info", "torch_stack_info",
+    "stack_host_check", "stack_validate")} | {
     "ansible.builtin.assert", "ansible.builtin.debug", "ansible.builtin.fail", "ansible.builtin.set_fact",
     "ansible.builtin.include_vars", "ansible.builtin.setup", "ansible.builtin.stat", "ansible.builtin.getent",
     "ansible.builtin.slurp", "ansible.builtin.service_facts", "ansible.builtin.package_facts",
@@ -36,9 +37,7 @@ KEYWORDS = frozenset(Task.fattributes) | frozenset(Block.fattributes) | {"local_
 
 
 def fqcn(name: str) -> str:
-    """`stat` and `ansible.legacy.stat` are ansible.builtin.stat; gpufleet's own modules keep their names."""
-    if (PROJECT_ROOT / "plugins" / "modules" / f"{name}.py").exists():
-        return name
+    """`stat` and `ansible.legacy.stat` are ansible.builtin.stat (gpufleet's own modules are called by FQCN)."""
     if "." not in name or name.startswith("ansible.legacy."):
         return "ansible.builtin." + name.split(".")[-1]
     return name
@@ -130,7 +129,7 @@ def test_drift_playbook_uses_read_only_modules_only() -> None:
     assert layer_files <= set(walk.modules), "every layer file is walked"
     # The walk reached into the roles' preflights, and drift_probe compares the declared layers.
     assert any(name.startswith("roles/") and name.endswith("/tasks/preflight.yml") for name in walk.modules)
-    assert {"drift_probe", "drift_result"} <= set().union(*walk.modules.values())
+    assert {"gpufleet.fleet.drift_probe", "gpufleet.fleet.drift_result"} <= set().union(*walk.modules.values())
 
 
 def test_the_playbook_compares_every_layer_of_the_registry() -> None:

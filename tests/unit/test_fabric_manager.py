@@ -17,22 +17,19 @@ import sys
 import tarfile
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
 from gpufleet import PROJECT_ROOT
 from gpufleet.simgpu import SimulatedMachine
 
-# drift's checks import their siblings as ansible.module_utils.*, as AnsiballZ ships them to a host.
-ansible.module_utils.__path__.append(str(PROJECT_ROOT / "plugins" / "module_utils"))
-from ansible.module_utils import drift_checks, drift_stack  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import drift_checks, drift_stack
 
 HGX = PROJECT_ROOT / "lab" / "simgpu" / "hgx-h200x8.json"
 
 
 def run_module(args: dict, module: str = "nvidia_fabric_manager", check: bool = True) -> dict:
     command = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m",
-               module, "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
+               f"gpufleet.fleet.{module}", "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
     command += ["--check"] if check else []
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
            "ANSIBLE_NOCOLOR": "1"}

@@ -54,12 +54,13 @@ def _zeros_tarball(path: Path, size: int) -> str:
 def test_the_module_counts_unpacked_sizes_and_names_path_free_and_needed(tmp_path: Path, small_disk: Path) -> None:
     archive = tmp_path / "a.tar.gz"
     _zeros_tarball(archive, 3 * 2**20)
-    result = _play(tmp_path, "    - free_space: {path: '{{ where }}', archives: ['{{ archive }}'], bytes: 100, what: a test}\n",
+    result = _play(tmp_path, ("    - gpufleet.fleet.free_space: {path: '{{ where }}', archives: ['{{ archive }}'], bytes: 100,"
+                                " what: a test}\n"),
                    {"where": str(small_disk / "not" / "yet"), "archive": str(archive)})
     assert result.returncode != 0
     assert (f"not enough free space for a test: {small_disk}/not/yet (file system of {small_disk}) has 1048576 bytes "
             f"(0.00 GiB) free, {3 * 2**20 + 2 + 100} bytes") in result.stdout, result.stdout[-2000:]
-    fits = _play(tmp_path, "    - free_space: {path: '{{ where }}', bytes: 4096}\n", {"where": str(small_disk)})
+    fits = _play(tmp_path, "    - gpufleet.fleet.free_space: {path: '{{ where }}', bytes: 4096}\n", {"where": str(small_disk)})
     assert fits.returncode == 0 and "changed=0" in fits.stdout
 
 

@@ -14,7 +14,9 @@ import pytest
 
 from gpufleet import PROJECT_ROOT
 from gpufleet.simgpu import SimulatedMachine
-from plugins.module_utils.gpu_health import kernel_log_this_boot, parse_xids, xid_problems
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpu_health import (
+    kernel_log_this_boot, parse_xids, xid_problems,
+)
 
 BIN = Path(sys.executable).parent
 # Real driver lines: NVIDIA/NVSentinel#155 (XID 79), stas00/ml-engineering's debug guide (XID 63).
@@ -25,7 +27,7 @@ H200_LOG = (PROJECT_ROOT / "tests/fixtures/h200-real/fabric_and_kernel_log.txt")
 
 
 def run_gpu_health(args: dict[str, Any], check_mode: bool = False) -> dict[str, Any]:
-    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "gpu_health",
+    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "gpufleet.fleet.gpu_health",
                "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
     if check_mode:
         command.append("--check")

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "plugins" / "filter"))
-from gpufleet_inventory import unsafe_values  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_inventory import unsafe_values
 
 SECRET = "instance-secret-0123456789abcdef"
 INSTANCE = {"name": "main", "model": "/var/lib/gpufleet/models/tiny", "port": 8000, "gpus": [0]}

@@ -29,7 +29,7 @@ def run_module(args: dict[str, Any], check_mode: bool = False) -> dict[str, Any]
 
     ansible-core's minimal callback prints "localhost | SUCCESS => {json}" or "localhost | FAILED! => {json}".
     """
-    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "nvidia_gpu_info",
+    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "gpufleet.fleet.nvidia_gpu_info",
                "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
     if check_mode:
         command.append("--check")
@@ -170,7 +170,7 @@ def test_nvidia_smi_table_header_matches_the_module(simgpu_machine: SimulatedMac
 
 
 def test_ansible_doc_renders_the_module() -> None:
-    result = subprocess.run([str(BIN / "ansible-doc"), "-t", "module", "nvidia_gpu_info"], capture_output=True,
+    result = subprocess.run([str(BIN / "ansible-doc"), "-t", "module", "gpufleet.fleet.nvidia_gpu_info"], capture_output=True,
                             text=True, cwd=PROJECT_ROOT, env={**os.environ, "ANSIBLE_NOCOLOR": "1"}, check=False)
     assert result.returncode == 0, result.stderr
     assert "[WARNING]" not in result.stderr and "ERROR" not in result.stderr
@@ -181,11 +181,10 @@ def test_ansible_doc_renders_the_module() -> None:
 
 
 def test_ansible_doc_json_has_suboptions_matching_the_argspec() -> None:
-    result = subprocess.run([str(BIN / "ansible-doc"), "-t", "module", "--json", "nvidia_gpu_info"],
+    result = subprocess.run([str(BIN / "ansible-doc"), "-t", "module", "--json", "gpufleet.fleet.nvidia_gpu_info"],
                             capture_output=True, text=True, cwd=PROJECT_ROOT, check=True)
-    documented = json.loads(result.stdout)["nvidia_gpu_info"]["doc"]["options"]
-    sys.path.insert(0, str(PROJECT_ROOT / "plugins" / "module_utils"))
-    import nvml  # noqa: PLC0415  (the module_utils file, imported as a plain module)
+    documented = json.loads(result.stdout)["gpufleet.fleet.nvidia_gpu_info"]["doc"]["options"]
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import nvml  # noqa: PLC0415
 
     assert set(documented) == {"library", "expect"}
     assert set(documented["expect"]["suboptions"]) == set(nvml.EXPECT_KEYS)

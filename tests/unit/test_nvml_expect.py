@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from gpufleet.simgpu import SimulatedMachine
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "module_utils"))
-
-import nvml  # noqa: E402  (the module_utils file, imported as a plain module)
+from ansible_collections.gpufleet.fleet.plugins.module_utils import nvml
 
 H200_UUID = "GPU-1757f6d0-d02c-d95a-c569-55d572b0340a"
 

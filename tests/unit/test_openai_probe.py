@@ -25,9 +25,7 @@ from typing import Any
 import pytest
 
 from gpufleet import PROJECT_ROOT
-
-sys.path.insert(0, str(PROJECT_ROOT / "plugins" / "module_utils"))
-import openai_http  # noqa: E402  (module_utils are plain modules on the target; imported by path here)
+from ansible_collections.gpufleet.fleet.plugins.module_utils import openai_http
 
 BIN = Path(sys.executable).parent
 
@@ -276,7 +274,8 @@ def test_tls_is_verified_against_the_given_ca(tls_url: str, tls_files: tuple[Pat
 
 def run_module(args: dict[str, Any], check_mode: bool = False) -> dict[str, Any]:
     """`ansible localhost -m openai_probe`; returns the host result with `failed` from Ansible's verdict."""
-    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "openai_probe",
+    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m",
+               "gpufleet.fleet.openai_probe",
                "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
     if check_mode:
         command.append("--check")

@@ -247,7 +247,7 @@ HOST_CHECK_PLAYBOOK = """
   gather_facts: false
   tasks:
     - name: Check the node's stack
-      stack_host_check:
+      gpufleet.fleet.stack_host_check:
         driver_version: "{{ facts.driver_version }}"
         driver_cuda_version: "{{ facts.driver_cuda_version }}"
         gpu_compute_capabilities: "{{ facts.gpus }}"
@@ -282,7 +282,7 @@ def test_stack_host_check_module_runs_on_a_host(tmp_path):
 @pytest.mark.parametrize("module", ["stack_validate", "stack_host_check"])
 def test_ansible_doc_renders(module):
     env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"))
-    result = subprocess.run([str(VENV_BIN / "ansible-doc"), "-t", "module", module], capture_output=True, text=True,
+    result = subprocess.run([str(VENV_BIN / "ansible-doc"), "-t", "module", f"gpufleet.fleet.{module}"], capture_output=True, text=True,
                             cwd=PROJECT_ROOT, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "EXAMPLES" in result.stdout and "RETURN VALUES" in result.stdout

@@ -26,7 +26,7 @@ PLAYBOOK = """
   tasks:
     - name: The role's shared build for one version
       module_defaults:
-        pyenv_install:
+        gpufleet.fleet.pyenv_install:
           pyenv_root: "{{ pyenv_python_root }}"
           version: "{{ __pyenv_python_version.version }}"
           build_key: "{{ __pyenv_python_build_key }}"
@@ -35,7 +35,7 @@ PLAYBOOK = """
           build_tmpdir: "{{ __pyenv_python_run_dir.path | default(omit) }}"
       block:
         - name: Probe
-          pyenv_install:
+          gpufleet.fleet.pyenv_install:
           check_mode: true
           register: __pyenv_python_probe
         - name: Run directory
@@ -46,7 +46,7 @@ PLAYBOOK = """
         - name: Shared build
           ansible.builtin.include_tasks: "{{ repo }}/roles/pyenv_python/tasks/shared_build.yml"
         - name: Install (switch to the unpacked build)
-          pyenv_install:
+          gpufleet.fleet.pyenv_install:
       always:
         - name: Remove the run directory
           ansible.builtin.file:

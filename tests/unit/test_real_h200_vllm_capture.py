@@ -27,9 +27,8 @@ import pytest
 from gpufleet import PROJECT_ROOT
 
 MODULE_UTILS = PROJECT_ROOT / "plugins" / "module_utils"
-sys.path.insert(0, str(MODULE_UTILS))
-import openai_http  # noqa: E402  (module_utils are plain modules on the target; imported by path here)
-import torch_probe  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import openai_http
+from ansible_collections.gpufleet.fleet.plugins.module_utils import torch_probe
 
 CAPTURE = PROJECT_ROOT / "tests" / "fixtures" / "h200-real"
 SERVE = json.loads((CAPTURE / "vllm_serve.json").read_text())

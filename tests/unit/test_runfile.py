@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "module_utils"))
-
-import runfile  # noqa: E402  (the module_utils file, imported as a plain module)
-from runfile import RunfileError  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import runfile
+from ansible_collections.gpufleet.fleet.plugins.module_utils.runfile import RunfileError
 
 
 @pytest.mark.parametrize(

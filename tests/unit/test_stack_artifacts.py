@@ -165,8 +165,8 @@ def lookup(tmp_path: Path, expression: str, variables: dict) -> subprocess.Compl
 
 def test_the_lookup_returns_what_the_roles_install(tmp_path: Path) -> None:
     variables = {**LAB_STACK, "gpufleet_mirror_url": MIRROR, "gpufleet_artifact_sha256": PINS}
-    result = lookup(tmp_path, "[lookup('gpufleet_stack', 'driver.version'), lookup('gpufleet_stack', 'toolkits') "
-                              "| map(attribute='version'), lookup('gpufleet_stack', 'driver.runfile', version='570.124.06')]",
+    result = lookup(tmp_path, "[lookup('gpufleet.fleet.gpufleet_stack', 'driver.version'), lookup('gpufleet.fleet.gpufleet_stack', 'toolkits') "
+                              "| map(attribute='version'), lookup('gpufleet.fleet.gpufleet_stack', 'driver.runfile', version='570.124.06')]",
                     dict(variables, gpufleet_artifact_sha256=dict(PINS, **{"NVIDIA-Linux-x86_64-570.124.06.run": "12" * 32})))
     assert result.returncode == 0, result.stdout + result.stderr
     assert '"580.95.05"' in result.stdout and '["12.8.1", "13.0.2"]' in result.stdout
@@ -175,7 +175,7 @@ def test_the_lookup_returns_what_the_roles_install(tmp_path: Path) -> None:
 
 def test_the_lookup_refuses_an_incompatible_stack_whatever_asks(tmp_path: Path) -> None:
     stack = dict(LAB_STACK["gpufleet_stack"], torch="2.12.0")
-    result = lookup(tmp_path, "lookup('gpufleet_stack', 'python.version')",
+    result = lookup(tmp_path, "lookup('gpufleet.fleet.gpufleet_stack', 'python.version')",
                     {"gpufleet_stack": stack, "gpufleet_mirror_url": MIRROR, "gpufleet_artifact_sha256": PINS})
     assert result.returncode != 0
     assert "the declared stack is not compatible" in result.stdout and "[vllm -> torch]" in result.stdout

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from test_torch_probe_venvs import MODULE_UTILS, TORCH_CPU_REQUIREMENTS, cached_venv
+from test_torch_probe_venvs import TORCH_CPU_REQUIREMENTS, cached_venv
 
-sys.path.insert(0, str(MODULE_UTILS))
-
-from cuda_arch import ArchError, arch_coverage, gpu_coverage, parse_arch, parse_capability, runs_on  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import (
+    ArchError, arch_coverage, gpu_coverage, parse_arch, parse_capability, runs_on,
+)
 
 H200 = (9, 0)
 # torch.cuda.get_arch_list() of torch 2.11.0+cu130 on the real H200 (tests/unit/data/torch_stack_info_h200.json);

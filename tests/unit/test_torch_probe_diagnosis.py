@@ -11,17 +11,16 @@ import pytest
 
 from test_torch_probe_venvs import (
     MISSING_TORCH_SYMBOL,
-    MODULE_UTILS,
     TORCH_CPU_REQUIREMENTS,
     cached_venv,
     missing_cudart_extension,
     undefined_symbol_extension,
 )
 
-sys.path.insert(0, str(MODULE_UTILS))
-
-import torch_diagnosis  # noqa: E402
-from torch_diagnosis import SIGNATURES, classify, classify_error, diagnose  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import torch_diagnosis
+from ansible_collections.gpufleet.fleet.plugins.module_utils.torch_diagnosis import (
+    SIGNATURES, classify, classify_error, diagnose,
+)
 
 # The signature column of the failure table in the project's domain notes, verbatim.
 DOMAIN_TABLE = [

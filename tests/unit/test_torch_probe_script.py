@@ -12,10 +12,8 @@ import pytest
 
 from test_torch_probe_venvs import MODULE_UTILS, TORCH_CPU_REQUIREMENTS, cached_venv
 
-sys.path.insert(0, str(MODULE_UTILS))
-
-import torch_probe  # noqa: E402  (module_utils files, imported as plain modules)
-import torch_probe_script  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import torch_probe
+from ansible_collections.gpufleet.fleet.plugins.module_utils import torch_probe_script
 
 PROBE = MODULE_UTILS / "torch_probe_script.py"
 # Interpreters this machine kind has (pyenv builds and the system Python); the probe must parse on each.

@@ -148,7 +148,7 @@ def missing_cudart_extension(directory: Path, build_dir: Path, name: str = "_cud
 
 def run_module(args: dict, check_mode: bool = False, timeout: int = 600) -> tuple[int, dict, str]:
     """Run torch_stack_info through the ansible CLI on localhost; (returncode, result, raw output)."""
-    command = [str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-m", "torch_stack_info",
+    command = [str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-m", "gpufleet.fleet.torch_stack_info",
                "-a", json.dumps(args), "-e", "ansible_python_interpreter=%s" % sys.executable]
     if check_mode:
         command.append("--check")

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from test_torch_probe_venvs import (
-    MODULE_UTILS,
     CUDART_SONAME,
     MISSING_TORCH_SYMBOL,
     TORCH_CPU_REQUIREMENTS,
@@ -327,20 +326,9 @@ def _real_spec(spec: dict) -> dict:
 
 
 def test_documentation_matches_the_argument_spec() -> None:
-    import importlib.util
-
-    import ansible.module_utils
     import yaml
+    from ansible_collections.gpufleet.fleet.plugins.modules import torch_stack_info as module
 
-    # The module imports its helpers as ansible.module_utils.*, as AnsiballZ ships them.
-    path = MODULE_UTILS.parent / "modules" / "torch_stack_info.py"
-    ansible.module_utils.__path__.append(str(MODULE_UTILS))
-    try:
-        spec = importlib.util.spec_from_file_location("torch_stack_info", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        ansible.module_utils.__path__.remove(str(MODULE_UTILS))
     documentation = yaml.safe_load(module.DOCUMENTATION)
     assert _documented_spec(documentation["options"]) == _real_spec(module.argument_spec())
     returned = yaml.safe_load(module.RETURN)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_torch_probe_venvs import MODULE_UTILS
-
-sys.path.insert(0, str(MODULE_UTILS))
-
-from cuda_arch import arch_coverage  # noqa: E402
-from torch_diagnosis import diagnose  # noqa: E402
-from torch_probe import check_expect, packages_sha256, torch_gpus, torch_variant  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import arch_coverage
+from ansible_collections.gpufleet.fleet.plugins.module_utils.torch_diagnosis import diagnose
+from ansible_collections.gpufleet.fleet.plugins.module_utils.torch_probe import (
+    check_expect, packages_sha256, torch_gpus, torch_variant,
+)
 
 CAPTURE = Path(__file__).parent / "data" / "torch_stack_info_h200.json"
 

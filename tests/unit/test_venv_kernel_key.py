@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "module_utils"))
-
-import kernel_key  # noqa: E402  (the module_utils file, imported as a plain module)
-from kernel_key import KernelKeyError  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import kernel_key
+from ansible_collections.gpufleet.fleet.plugins.module_utils.kernel_key import KernelKeyError
 
 FLASH_ATTN = {"name": "flash-attn", "version": "2.8.3", "sha256": "a" * 64, "requires_cuda": True}
 CPU_KERNEL = {"name": "gpufleet-kernel-demo", "version": "0.1.0", "sha256": "b" * 64, "requires_cuda": False}

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
 
-import pip_lock  # noqa: E402  (the module_utils file, imported as a plain module)
-from pip_lock import Lock, LockEntry, LockError, diff_against_lock  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import pip_lock
+from ansible_collections.gpufleet.fleet.plugins.module_utils.pip_lock import (
+    Lock, LockEntry, LockError, diff_against_lock,
+)
 from wheel_factory import make_wheel, sha256  # noqa: E402
 
 H = "a" * 64
@@ -72,7 +73,7 @@ PLAYBOOK = """
   gather_facts: false
   tasks:
     - name: Apply the lock
-      pip_lock:
+      gpufleet.fleet.pip_lock:
         venv: "{{ venv }}"
         python: "{{ python }}"
         lock: "{{ lookup('ansible.builtin.file', lock_file) }}"

@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
 sys.path.insert(0, str(REPO / "lab" / "builders"))
 
-import python_build  # noqa: E402  (the module_utils file, imported as a plain module)
-from python_build import PythonBuildError  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import python_build  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import PythonBuildError  # noqa: E402
 from python_stack import make_pyenv_tarball  # noqa: E402  (the lab builder)
 
 PYENV_CHECKOUT = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
@@ -94,7 +93,7 @@ PLAYBOOK = """
   gather_facts: false
   tasks:
     - name: Build or probe
-      pyenv_install: "{{ module_args }}"
+      gpufleet.fleet.pyenv_install: "{{ module_args }}"
       register: result
       ignore_errors: true
     - name: Save the result

@@ -66,7 +66,7 @@ import os
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvml import MIB, Nvml, NvmlError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import MIB, Nvml, NvmlError
 
 VLLM_DEFAULT_UTILIZATION = 0.9
 CGROUP_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/systemd")

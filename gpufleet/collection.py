@@ -1,0 +1,34 @@
+"""The Ansible side of gpufleet is the collection gpufleet.fleet, rooted at PROJECT_ROOT: a checkout, or a copy
+that ansible-galaxy installed (which carries this package too).
+
+Ansible finds the collection through a collections path; the CLI imports the collection's module_utils through
+the same path, so the controller runs the very files that modules ship to hosts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from gpufleet import PROJECT_ROOT
+
+NAMESPACE, NAME = "gpufleet", "fleet"
+PACKAGE = f"ansible_collections.{NAMESPACE}.{NAME}"
+
+
+def collections_dir(root: Path = PROJECT_ROOT) -> Path:
+    """The directory holding ansible_collections/gpufleet/fleet for `root`: the collections path an installed
+    copy sits in, or the checkout's collections/ (where gpufleet/fleet is a link back to the checkout)."""
+    if (root.name, root.parent.name, root.parent.parent.name) == (NAME, NAMESPACE, "ansible_collections"):
+        return root.parents[2]
+    return root / "collections"
+
+
+def module_util(name: str) -> ModuleType:
+    """plugins/module_utils/<name>.py, imported by its collection path as modules and plugins import it."""
+    path = str(collections_dir())
+    if path not in sys.path:
+        sys.path.append(path)
+    return importlib.import_module(f"{PACKAGE}.plugins.module_utils.{name}")
