@@ -3,13 +3,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 VENV_STAMP := $(VENV)/.gpufleet-installed
+# The wheels ansible-test's sanity checks install into their own virtualenvs (the pins ansible-core ships),
+# downloaded once so that `scripts/sanity.sh` runs offline.
+SANITY_WHEELS := $(VENV)/sanity-wheels
+SANITY_STAMP := $(SANITY_WHEELS)/.downloaded
 
-.PHONY: demo test venv deps lint unit clean collection ee-context
+.PHONY: demo test venv deps lint unit sanity clean collection ee-context
 
 demo: venv deps
 	$(VENV)/bin/gpufleet demo
 
-test: venv deps
+test: venv deps $(SANITY_STAMP)
 	scripts/run-tests.sh
 
 # Creates or updates .venv from the pinned requirements; a no-op when they have not changed.
@@ -21,6 +25,10 @@ $(VENV_STAMP): requirements.txt pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet -r requirements.txt -e .
 	touch $@
 
+$(SANITY_STAMP): $(VENV_STAMP)
+	SANITY_WHEELS=$(SANITY_WHEELS) scripts/sanity.sh --download-wheels
+	touch $@
+
 deps:
 	scripts/install-deps.sh
 
@@ -29,6 +37,10 @@ lint: venv
 
 unit: venv
 	$(VENV)/bin/python -m pytest tests/unit
+
+# ansible-test sanity on the collection's Ansible content, offline (scripts/sanity.sh says how).
+sanity: $(SANITY_STAMP)
+	scripts/sanity.sh
 
 # The repository is the collection gpufleet.fleet (galaxy.yml); its tarball lands in build/.
 collection: venv

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as `make test` and CI run it:
-#   lint -> unit tests -> one shared lab fleet -> integration tests and molecule scenarios -> lab down.
+#   lint -> unit tests -> ansible-test sanity -> one shared lab fleet -> integration tests and molecule
+#   scenarios -> lab down.
 # Prints a timing summary at the end. Exits non-zero if any stage failed or if no test ran.
 set -uo pipefail
 
@@ -47,6 +48,8 @@ summary() {
 
 run_stage "ansible-lint" ansible-lint
 run_stage "unit tests" python -m pytest -q tests/unit
+# ansible-core's own checks of the collection's content, offline (needs `make test`'s sanity wheelhouse).
+run_stage "ansible-test sanity" scripts/sanity.sh
 
 if run_stage "lab up (${LAB_HOSTS} hosts: ${LAB_OS})" gpufleet lab up --hosts "$LAB_HOSTS" --os "$LAB_OS"; then
   trap 'lab_down; summary' EXIT

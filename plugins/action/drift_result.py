@@ -27,7 +27,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars or {})
-        _, args = self.validate_argument_spec(
+        dummy, args = self.validate_argument_spec(
             argument_spec=ARGUMENT_SPEC,
             mutually_exclusive=[("plan", "layer")],
             required_one_of=[("plan", "layer")],

@@ -8,13 +8,6 @@ gpufleet.report and gpufleet.report_formats (controller side; this file only ada
 
 from __future__ import annotations
 
-import os
-import sys
-import time
-from pathlib import Path
-
-from ansible.plugins.callback import CallbackBase
-
 DOCUMENTATION = r"""
 name: gpufleet_drift
 type: aggregate
@@ -25,7 +18,7 @@ description:
     into O(report_dir), and prints a table of nodes by layers.
   - Every node of the play is in the report, each with every layer of the run; an unreachable node is
     reported as such, never left out.
-  - Must be enabled (C(ANSIBLE_CALLBACKS_ENABLED=gpufleet_drift)); C(gpufleet drift) does it.
+  - Must be enabled (C(ANSIBLE_CALLBACKS_ENABLED=gpufleet.fleet.gpufleet_drift)); C(gpufleet drift) does it.
 requirements:
   - the gpufleet Python package (this repository) importable by the controller's Python
 options:
@@ -43,6 +36,13 @@ options:
     env:
       - name: GPUFLEET_DRIFT_RUN_ID
 """
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from ansible.plugins.callback import CallbackBase
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if PROJECT_ROOT not in sys.path:

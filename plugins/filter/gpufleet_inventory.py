@@ -50,8 +50,8 @@ KEYS = "{}"
 
 def describe(character: str) -> str:
     """U+000A (LINE FEED): the code point and its name, readable whatever the character is."""
-    name = unicodedata.name(character, "") or {"\n": "LINE FEED", "\r": "CARRIAGE RETURN", "\t": "TAB",
-                                                "\0": "NUL"}.get(character, "control character")
+    unnamed = {"\n": "LINE FEED", "\r": "CARRIAGE RETURN", "\t": "TAB", "\0": "NUL"}
+    name = unicodedata.name(character, "") or unnamed.get(character, "control character")
     return "U+%04X (%s)" % (ord(character), name)
 
 

@@ -8,13 +8,6 @@ host a role runs on is validated before the role can read anything from it.
 
 from __future__ import annotations
 
-import json
-import os
-
-from ansible.errors import AnsibleLookupError
-from ansible.plugins.lookup import LookupBase
-from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_artifacts, stack_chain, stack_kb
-
 DOCUMENTATION = r"""
 name: gpufleet_stack
 short_description: Versions and artifacts that the host's gpufleet_stack installs, after validating it
@@ -48,6 +41,13 @@ _raw:
   description: The value at each path.
   type: list
 """
+
+import json
+import os
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_artifacts, stack_chain, stack_kb
 
 _CACHE = {}
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """Read-only comparisons of declared and actual host state, for drift runs (module drift_probe).
 
-Shipped to targets with the drift_probe module: standard library and gpufleet's other module_utils only.
+Shipped to targets with the drift_probe module: standard library, ansible.module_utils.urls and gpufleet's other module_utils only.
 
 A drift layer sends a list of checks, each a dict with a `kind` and that kind's keys; every check reads the
 host (files, links, the dpkg database, systemd, NVML, interpreters) and returns findings: one per value that
@@ -18,13 +18,14 @@ import hashlib
 import os
 import pwd
 import re
-import ssl
 import stat
 import subprocess
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
 
 DPKG_STATUS = "/var/lib/dpkg/status"
 # A diff longer than this is cut: the report shows where files differ, the host keeps the whole file.
@@ -311,7 +312,7 @@ def unit_properties(name: str, ctx: Context) -> dict[str, str]:
 
 def unit_enabled(unit: str, ctx: Context) -> tuple[bool, str]:
     """(enabled, state) as systemd resolves it for this unit (an instance of a template too)."""
-    rc, out, _ = ctx.run(["systemctl", "is-enabled", unit])
+    rc, out, dummy = ctx.run(["systemctl", "is-enabled", unit])
     state = out.strip().splitlines()[0] if out.strip() else "unknown"
     return rc == 0 and state not in NOT_ENABLED_FOR_ANSIBLE, state
 
@@ -384,18 +385,15 @@ def check_http(spec: dict, ctx: Context) -> list[Finding]:
     require(spec, "url")
     wanted = int(spec.get("status", 200))
     label = f"endpoint {spec['url']}"
-    request = urllib.request.Request(spec["url"], method="GET", headers=spec.get("headers") or {})
-    context = None
-    if spec["url"].startswith("https:") and spec.get("validate_certs", True) in (False, "false", "False"):
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
+    validate_certs = spec.get("validate_certs", True) not in (False, "false", "False")
     try:
-        with urllib.request.urlopen(request, timeout=float(spec.get("timeout", 10)), context=context) as response:
+        # No ~/.netrc credentials: the check sends exactly the headers it declares.
+        with open_url(spec["url"], method="GET", headers=spec.get("headers") or {}, validate_certs=validate_certs,
+                      timeout=float(spec.get("timeout", 10)), use_netrc=False) as response:
             status = response.status
     except urllib.error.HTTPError as error:
         status = error.code
-    except (urllib.error.URLError, OSError) as error:
+    except (urllib.error.URLError, OSError, UrlsConnectionError) as error:
         return [Finding(label, "status", wanted, f"no answer ({getattr(error, 'reason', error)})")]
     return [] if status == wanted else [Finding(label, "status", wanted, status)]
 

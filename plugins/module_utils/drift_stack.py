@@ -114,7 +114,7 @@ def check_gpus(spec: dict, ctx: Context) -> list[Finding]:
     try:
         state = read_gpu_state(spec.get("library"))
     except NvmlError as error:
-        return [Finding("GPUs", "driver", "usable through NVML", str(error).split(". ")[0])]
+        return [Finding("GPUs", "driver", "usable through NVML", str(error).split(". ", maxsplit=1)[0])]
     ctx.cache["gpus"] = state
     return [Finding(f"GPU {item['gpu']} ({item['uuid']})" if item["gpu"] is not None else "GPUs",
                     item["field"], item["expected"], item["actual"], item["message"])
@@ -302,7 +302,7 @@ def read_pyvenv_home(venv: str) -> str | None:
     try:
         with open(os.path.join(venv, "pyvenv.cfg"), encoding="utf-8") as handle:
             for line in handle:
-                key, _, value = line.partition("=")
+                key, dummy, value = line.partition("=")
                 if key.strip() == "home":
                     return value.strip()
     except OSError:
@@ -385,10 +385,10 @@ def installed_file_findings(venv: str, label: str) -> list[Finding]:
         except FileNotFoundError:
             found.append(Finding(label, f"file {relative}", "as installed (RECORD)", "absent"))
             continue
-        if any(info.st_size == size and info.st_ctime <= written for _, size, written in listed):
+        if any(info.st_size == size and info.st_ctime <= written for dummy, size, written in listed):
             continue
         actual = record_digest(path)
-        if not any(actual == digest and info.st_size == size for digest, size, _ in listed):
+        if not any(actual == digest and info.st_size == size for digest, size, dummy in listed):
             found.append(Finding(label, f"file {relative}", "sha256=" + listed[0][0], "sha256=" + actual,
                                  "changed after it was installed (same package versions)"))
     if len(found) > FILE_FINDINGS:
@@ -456,7 +456,7 @@ def kernel_key(package: dict, spec: dict, ctx: Context) -> str:
     nvcc = None
     arch_list = str(spec.get("arch_list") or "")
     if requires_cuda:
-        rc, out, _ = ctx.run([os.path.join(spec.get("cuda_home") or "/usr/local/cuda", "bin", "nvcc"), "--version"])
+        rc, out, dummy = ctx.run([os.path.join(spec.get("cuda_home") or "/usr/local/cuda", "bin", "nvcc"), "--version"])
         nvcc = parse_nvcc_version(out) if rc == 0 else None
         arch_list = arch_list or node_arch_list(ctx, spec.get("library"))
     return build_key(key_components(package, probe, nvcc, arch_list, package.get("env") or {}))

@@ -526,7 +526,7 @@ class _DeviceReader:
         return {"retired_pages_pending": self._uint("nvmlDeviceGetRetiredPagesPendingStatus") == 1}
 
     def _remapped_rows(self) -> dict[str, Any]:
-        corrected, uncorrected, pending, failure = (ctypes.c_uint() for _ in range(4))
+        corrected, uncorrected, pending, failure = (ctypes.c_uint() for dummy in range(4))
         self.nvml.call(
             "nvmlDeviceGetRemappedRows", self.handle, ctypes.byref(corrected), ctypes.byref(uncorrected),
             ctypes.byref(pending), ctypes.byref(failure),

@@ -51,7 +51,7 @@ def parse_version_name(version: str) -> tuple[int, int, int]:
 
 def interpreter_path(prefix: str, version: str) -> str:
     """The versioned interpreter of a build: PREFIX/bin/python3.11 for 3.11.2."""
-    major, minor, _ = parse_version_name(version)
+    major, minor, dummy = parse_version_name(version)
     return os.path.join(prefix, "bin", f"python{major}.{minor}")
 
 

@@ -511,7 +511,7 @@ def _check_torch(index: _Index, report: Report, stack: dict, gpus: list):
     torch_cuda = variant_cuda(variant)
     for gpu in gpus:
         _check_binary_covers_gpu(index, report, gpu, torch_cuda, "torch %s+%s" % (version, variant),
-                               "choose a torch variant with CUDA >= %s" % gpu["cc_row"]["min_cuda"])
+                                 "choose a torch variant with CUDA >= %s" % gpu["cc_row"]["min_cuda"])
     _check_arch_list(index, report, version, variant, gpus)
     return row
 
@@ -629,7 +629,7 @@ def _check_python(report: Report, link: str, python: str, what: str, requires_py
     major, minor = python.split(".")[:2]
     wanted = "cp%s%s" % (major, minor)
     for tag in tags.split(";"):
-        interpreter, _, abi = tag.partition("-")
+        interpreter, dummy, abi = tag.partition("-")
         if interpreter == wanted and abi == wanted:
             return
         if abi == "none" and interpreter in ("py3", "py%s" % major, wanted):
@@ -679,7 +679,7 @@ def _check_toolkit(index: _Index, report: Report, stack: dict, gpus: list) -> No
     if toolkit == torch_cuda:
         return
     index.rule(report, "cpp_extension_cuda_match")
-    if toolkit.split(".")[0] != torch_cuda.split(".")[0]:
+    if toolkit.split(".", maxsplit=1)[0] != torch_cuda.split(".", maxsplit=1)[0]:
         report.error("cuda -> torch", "the CUDA toolkit %s and torch %s+%s (CUDA %s) differ in major version: "
                      "torch refuses to build extensions (flash-attn) with it — set cuda: %s or torch_variant: %s"
                      % (cuda, base_version(stack["torch"]), stack["torch_variant"], torch_cuda, torch_cuda,
@@ -703,8 +703,8 @@ def _unknown_toolkit(index: _Index, report: Report, cuda: str) -> None:
     runfile = rows[0]["runfile"] if rows and rows[0].get("runfile") else ""
     report.error("cuda", "CUDA %s is not a toolkit release: %s is the version of %s inside %s (toolkit %s%s) — "
                  "set cuda: \"%s\"" % (cuda, cuda, component["component"], component["cuda_release"],
-                                         component["cuda_version"], ", runfile %s" % runfile if runfile else "",
-                                         component["cuda_version"]))
+                                        component["cuda_version"], ", runfile %s" % runfile if runfile else "",
+                                        component["cuda_version"]))
 
 
 def _check_vllm(index: _Index, report: Report, stack: dict, gpus: list):
@@ -805,7 +805,7 @@ def _check_vllm_cuda(index: _Index, report: Report, stack: dict, row: dict, gpus
                     % (package, version, wheel_cuda, variant, torch_cuda, wheel_cuda))
     for gpu in gpus:
         _check_binary_covers_gpu(index, report, gpu, wheel_cuda, "%s %s" % (package, version),
-                               "choose a vLLM built with CUDA >= %s" % gpu["cc_row"]["min_cuda"])
+                                 "choose a vLLM built with CUDA >= %s" % gpu["cc_row"]["min_cuda"])
     if stack["driver"] is not None:
         driver_runs_cuda(index, report, stack["driver"], wheel_cuda, "%s %s (wheel built with CUDA %s)"
                          % (package, version, wheel_cuda), "driver -> vllm",
@@ -863,7 +863,7 @@ def flash_attn_targets(sass_targets: str, cuda: str) -> list:
     """'80;90>=11.8;100>=12.8' with nvcc 12.4 -> ['sm_80', 'sm_90']."""
     targets = []
     for item in [part.strip() for part in sass_targets.split(";") if part.strip()]:
-        sm, _, needs = item.partition(">=")
+        sm, dummy, needs = item.partition(">=")
         if not needs or version_key(cuda) >= version_key(needs):
             targets.append("sm_" + sm)
     return targets
@@ -891,7 +891,7 @@ def _check_flash_attn_gpu(index: _Index, report: Report, row: dict, cuda: str, g
 def _flash_attn_gpu_fix(row: dict, gpu: dict) -> str:
     wanted = gpu["cc"].replace(".", "")
     for item in row["sass_targets"].split(";"):
-        sm, _, needs = item.partition(">=")
+        sm, dummy, needs = item.partition(">=")
         if sm == wanted and needs:
             return "set cuda: %s or newer" % needs
     return "choose a flash-attn release that compiles sm_%s" % wanted

@@ -159,7 +159,7 @@ def _matching_line(signature: Signature, text: str) -> str:
 
 def _torch_errors(torch: dict) -> list[tuple[str, dict]]:
     errors = [("torch", torch.get(key)) for key in ("import_error", "cuda_error", "cudnn_error", "nccl_error",
-                                                   "arch_list_error")]
+                                                    "arch_list_error")]
     errors += [("torch device %s" % device.get("index"), device.get("error")) for device in torch.get("devices", [])]
     errors += [("torch", {"text": warning}) for warning in torch.get("cuda_warnings", [])
                if classify(warning)]

@@ -167,7 +167,7 @@ def interpreter_version(interpreter: str) -> str:
     """`python --version` output, for error messages about interpreters the probe cannot use."""
     try:
         completed = subprocess.run(
-            [interpreter, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
+            [interpreter, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30, check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return "unknown (%s)" % exc

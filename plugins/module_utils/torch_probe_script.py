@@ -113,7 +113,7 @@ def site_dirs():
 
 def distribution_version(names):
     """(name, version) of the first installed distribution among names, or (None, None)."""
-    import importlib.metadata as metadata
+    from importlib import metadata
 
     for name in names:
         try:
@@ -142,7 +142,7 @@ def python_section(options):
 
 def packages_section(options):
     """Every distribution in this interpreter's site-packages as sorted 'name==version'."""
-    import importlib.metadata as metadata
+    from importlib import metadata
 
     dirs = site_dirs()
     entries = set()
@@ -172,7 +172,7 @@ def nccl_version(torch):
     """NCCL version string, or (None, reason)."""
     if not hasattr(torch._C, "_nccl_version"):
         return None, "this torch build has no NCCL"
-    import torch.cuda.nccl as nccl
+    from torch.cuda import nccl
 
     version = nccl.version()
     return ".".join(str(part) for part in version), None
@@ -311,7 +311,7 @@ def attention_check(torch, attention_fn, device, dtype_name="float16"):
     """attention_fn(q, k, v, causal=False) on device vs the float64 reference of the same rounded inputs."""
     dtype = getattr(torch, dtype_name)
     generator = torch.Generator().manual_seed(4321)
-    inputs = [torch.randn(*ATTENTION_SHAPE, generator=generator).to(dtype) for _ in range(3)]
+    inputs = [torch.randn(*ATTENTION_SHAPE, generator=generator).to(dtype) for dummy in range(3)]
     expected = reference_attention(torch, *(tensor.double() for tensor in inputs))
     target = torch.device(device)
     started = time.time()

@@ -16,7 +16,7 @@ description:
   - Read-only; never reports a change.
 version_added: "0.1.0"
 author:
-  - gpufleet
+  - gpufleet engineers (!UNKNOWN)
 options:
   journal_lines:
     description: How many lines of each instance's journal (this boot) to return.
@@ -35,6 +35,8 @@ options:
     type: list
     elements: path
     default: [/, /var/lib/gpufleet, /opt/gpufleet]
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -44,7 +46,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Read what the doctor needs
-  doctor_collect:
+  gpufleet.fleet.doctor_collect:
 """
 
 RETURN = r"""
@@ -78,10 +80,11 @@ import os
 import re
 import shlex
 import urllib.error
-import urllib.request
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
 
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
 MIB = 1024 * 1024
@@ -140,13 +143,13 @@ def proxy_keys(proxy_config: str) -> list[str] | None:
 
 def http_status(port: str, key: str) -> str:
     """vLLM's answer to GET /v1/models with the proxy's key, on loopback where it listens."""
-    request = urllib.request.Request("http://127.0.0.1:%s/v1/models" % port, headers={"Authorization": "Bearer " + key})
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
+        with open_url("http://127.0.0.1:%s/v1/models" % port, headers={"Authorization": "Bearer " + key}, timeout=5,
+                      use_netrc=False) as response:
             return str(response.status)
     except urllib.error.HTTPError as error:
         return "%d %s" % (error.code, error.reason)
-    except (urllib.error.URLError, OSError) as error:
+    except (urllib.error.URLError, OSError, UrlsConnectionError) as error:
         return "no answer (%s)" % getattr(error, "reason", error)
 
 

@@ -22,7 +22,7 @@ description:
     cannot understand (a bug in the playbook).
 version_added: "0.1.0"
 author:
-  - gpufleet
+  - gpufleet engineers (!UNKNOWN)
 options:
   layer:
     description: Name of the layer the checks belong to (for the report), e.g. C(toolkit).
@@ -59,6 +59,8 @@ options:
     type: list
     elements: dict
     required: true
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -70,13 +72,13 @@ attributes:
 notes:
   - The C(gpufleet_drift) return value is what the C(gpufleet_drift) callback plugin collects into the fleet report.
 seealso:
-  - module: nvidia_gpu_info
-  - module: pip_lock
+  - module: gpufleet.fleet.nvidia_gpu_info
+  - module: gpufleet.fleet.pip_lock
 """
 
 EXAMPLES = r"""
 - name: Compare the toolkit layer
-  drift_probe:
+  gpufleet.fleet.drift_probe:
     layer: toolkit
     checks:
       - kind: toolkits
@@ -93,7 +95,7 @@ EXAMPLES = r"""
   register: toolkit_drift
 
 - name: Fail a CI job on GPU health drift
-  drift_probe:
+  gpufleet.fleet.drift_probe:
     layer: gpu_health
     checks:
       - kind: gpus

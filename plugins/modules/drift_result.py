@@ -18,7 +18,7 @@ description:
   - Runs on the controller only (an action plugin); it never connects to the host and never changes anything.
 version_added: "0.1.0"
 author:
-  - gpufleet
+  - gpufleet engineers (!UNKNOWN)
 options:
   layer:
     description: The layer, e.g. C(serve). Required with O(status).
@@ -35,6 +35,8 @@ options:
     description: The layers of the run, in order. Exclusive with O(layer).
     type: list
     elements: str
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -43,18 +45,18 @@ attributes:
   platform:
     platforms: posix
 seealso:
-  - module: drift_probe
+  - module: gpufleet.fleet.drift_probe
 """
 
 EXAMPLES = r"""
 - name: Report the serve layer as not declared
-  drift_result:
+  gpufleet.fleet.drift_result:
     layer: serve
     status: not_declared
     message: roles/vllm_service does not exist yet
 
 - name: Record the layers of the run
-  drift_result:
+  gpufleet.fleet.drift_result:
     plan: [base, driver, toolkit]
 """
 

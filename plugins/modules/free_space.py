@@ -16,7 +16,8 @@ description:
     headers (gzip, bzip2 and xz tarballs), plus O(reserve_bytes).
   - Read-only; never reports a change.
 version_added: "0.1.0"
-author: gpufleet
+author:
+  - gpufleet engineers (!UNKNOWN)
 options:
   path:
     description: Where the step writes (a directory; need not exist yet).
@@ -39,6 +40,8 @@ options:
     description: What the step is, for the message.
     type: str
     default: this step
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -49,7 +52,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Refuse to unpack the model unless its unpacked size fits
-  free_space:
+  gpufleet.fleet.free_space:
     path: /var/lib/gpufleet/models
     archives: [/var/cache/gpufleet/artifacts/81dc.../tiny-qwen2.tar.gz]
     what: unpacking model tiny-qwen2

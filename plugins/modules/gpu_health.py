@@ -15,7 +15,7 @@ description:
   - Read-only (a DCGM diagnostic exercises the GPUs but changes no state); never reports a change.
 version_added: "0.1.0"
 author:
-  - gpufleet
+  - gpufleet engineers (!UNKNOWN)
 options:
   library:
     description: Path of C(libnvidia-ml.so.1) to load instead of the one on the loader path.
@@ -60,6 +60,8 @@ options:
         report with the GPUs' health; empty when nothing.
     type: str
     default: ""
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -69,7 +71,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Refuse to start vLLM on a GPU with XID 79 or uncorrectable ECC errors
-  gpu_health:
+  gpufleet.fleet.gpu_health:
     dcgm_level: 1
 """
 

@@ -20,7 +20,8 @@ description:
     and needs it), or, for a CUDA package, when nvcc is missing, torch is a CPU build, or the arch list is empty.
   - Read-only; never reports a change.
 version_added: "0.1.0"
-author: gpufleet
+author:
+  - gpufleet engineers (!UNKNOWN)
 options:
   venv:
     description: The venv the kernel is built against and installed into.
@@ -40,6 +41,8 @@ options:
     description: The CUDA toolkit (C(CUDA_HOME)); its C(bin/nvcc) compiles the kernel.
     type: path
     default: /usr/local/cuda
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -50,7 +53,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Key flash-attn for the current venv and the fleet's GPUs
-  kernel_build_key:
+  gpufleet.fleet.kernel_build_key:
     venv: /opt/gpufleet/venvs/current
     package: {name: flash-attn, version: "2.8.3", sha256: "<sha256 of the sdist>", env: {FLASH_ATTENTION_FORCE_BUILD: "TRUE"}}
     arch_list: "8.0;9.0"
@@ -135,7 +138,7 @@ def nvcc_version(module: AnsibleModule, cuda_home: str) -> str | None:
 
 
 def installed_state(module: AnsibleModule, python: str, venv: str, name: str) -> tuple[str, str]:
-    rc, out, _ = module.run_command([python, "-I", "-c", VERSION_PROBE, name], environ_update={"LC_ALL": "C"})
+    rc, out, dummy = module.run_command([python, "-I", "-c", VERSION_PROBE, name], environ_update={"LC_ALL": "C"})
     version = out.strip() if rc == 0 else ""
     try:
         with open(marker_path(venv, name), encoding="utf-8") as handle:

@@ -20,7 +20,7 @@ description:
   - Read-only; never reports a change.
 version_added: "0.1.0"
 author:
-  - gpufleet
+  - gpufleet engineers (!UNKNOWN)
 options:
   library:
     description: Path of C(libnvidia-ml.so.1) to load instead of the one on the loader path.
@@ -44,6 +44,8 @@ options:
     description: Fail on a problem; false reports it in RV(problem) and succeeds.
     type: bool
     default: true
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -53,7 +55,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Refuse a fabric manager of another version than the driver
-  nvidia_fabric_manager:
+  gpufleet.fleet.nvidia_fabric_manager:
     driver_version: 580.159.04
 """
 

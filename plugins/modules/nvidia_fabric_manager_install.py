@@ -19,7 +19,7 @@ description:
     or restart the service (the role does, after a daemon-reload when RV(unit_changed)).
 version_added: "0.1.0"
 author:
-  - gpufleet
+  - gpufleet engineers (!UNKNOWN)
 options:
   archive:
     description: The archive on the node (fetched and verified by the artifact role). May be missing in check mode.
@@ -61,6 +61,8 @@ options:
     description: The record of the installed fabric manager.
     type: path
     default: /var/lib/gpufleet/nvidia-fabricmanager.json
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -70,7 +72,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Install fabric manager 580.95.05
-  nvidia_fabric_manager_install:
+  gpufleet.fleet.nvidia_fabric_manager_install:
     archive: /var/cache/gpufleet/artifacts/<sha256>/fabricmanager-linux-x86_64-580.95.05-archive.tar.xz
     sha256: "<sha256>"
     version: 580.95.05

@@ -20,7 +20,7 @@ description:
   - Read-only; never reports a change.
 version_added: "0.1.0"
 author:
-  - gpufleet
+  - gpufleet engineers (!UNKNOWN)
 options:
   library:
     description:
@@ -102,7 +102,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Read the GPU state
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
   register: gpu_state
 
 - name: Show the driver and the first GPU
@@ -110,7 +110,7 @@ EXAMPLES = r"""
     msg: "{{ gpu_state.driver_version }} {{ gpu_state.gpus[0].name }}"
 
 - name: Verify a node of 8 healthy H200 GPUs
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
     expect:
       driver_version: "580.159.04"
       cuda_driver_min: "12.8"
@@ -125,14 +125,14 @@ EXAMPLES = r"""
       row_remap_pending: false
 
 - name: Collect mismatches for a drift report without failing
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
     expect:
       ecc_errors: 0
   register: gpu_drift
   failed_when: false
 
 - name: Use a library outside the loader path
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
     library: /usr/local/nvidia/lib64/libnvidia-ml.so.1
 """
 

@@ -38,7 +38,8 @@ description:
     --toolkitpath=PREFIX), C(--override), C(--no-opengl-libs), C(--no-man-page). C(--driver) is never passed:
     the driver is managed by its own runfile."
 version_added: "0.1.0"
-author: gpufleet
+author:
+  - gpufleet engineers (!UNKNOWN)
 options:
   kind:
     description: What the runfile installs.
@@ -117,6 +118,8 @@ options:
     description: How many lines of the installer log to return on failure.
     type: int
     default: 40
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -135,7 +138,7 @@ requirements:
 
 EXAMPLES = r"""
 - name: Install driver 580.95.05 with open kernel modules and DKMS
-  nvidia_runfile:
+  gpufleet.fleet.nvidia_runfile:
     kind: driver
     version: "580.95.05"
     runfile: /var/cache/gpufleet/artifacts/NVIDIA-Linux-x86_64-580.95.05.run
@@ -144,7 +147,7 @@ EXAMPLES = r"""
   register: driver_install
 
 - name: Install CUDA 12.8.1 beside other toolkits
-  nvidia_runfile:
+  gpufleet.fleet.nvidia_runfile:
     kind: toolkit
     version: "12.8.1"
     runfile: /var/cache/gpufleet/artifacts/cuda_12.8.1_570.124.06_linux.run

@@ -19,7 +19,8 @@ description:
   - Read-only, it never changes the server's configuration and never reports C(changed); it runs in check mode.
   - Standard library only on the target (urllib, threads).
 version_added: "0.1.0"
-author: gpufleet
+author:
+  - gpufleet engineers (!UNKNOWN)
 options:
   url:
     description: Base URL of the server, without C(/v1), e.g. C(http://127.0.0.1:8000) or C(https://node.example).
@@ -110,6 +111,8 @@ options:
     description: Fail when any request of any class did not succeed (the results are returned either way).
     type: bool
     default: true
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -122,7 +125,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Wait for the instance, check it serves its model and warm it up
-  openai_probe:
+  gpufleet.fleet.openai_probe:
     url: http://127.0.0.1:8000
     api_key: "{{ vllm_api_key }}"
     health_timeout: 900
@@ -134,7 +137,7 @@ EXAMPLES = r"""
   register: warmup
 
 - name: Check a node through its TLS proxy, streaming
-  openai_probe:
+  gpufleet.fleet.openai_probe:
     url: https://gpu-07.example.net
     ca_path: /etc/ssl/certs/internal-ca.pem
     api_key: "{{ proxy_api_key }}"
@@ -205,7 +208,7 @@ REQUEST_OPTIONS = dict(
     concurrency=dict(type="int", default=1),
     prompt=dict(type="str", default=""),
     prompt_words=dict(type="int", default=8),
-    max_tokens=dict(type="int", default=16),
+    max_tokens=dict(type="int", default=16, no_log=False),
     temperature=dict(type="float", default=0.0),
     stream=dict(type="bool", default=False),
     extra_body=dict(type="dict", default={}),

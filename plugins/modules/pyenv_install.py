@@ -27,7 +27,8 @@ description:
   - A correct build already at the key's prefix (unpacked from a shared build) is switched to, not rebuilt.
   - Several versions live side by side, one link and its builds each; building one never touches another.
 version_added: "0.1.0"
-author: gpufleet
+author:
+  - gpufleet engineers (!UNKNOWN)
 options:
   pyenv_root:
     description: pyenv's root (C(PYENV_ROOT)); builds go to C(PYENV_ROOT/versions/VERSION).
@@ -98,6 +99,8 @@ options:
     description: Seconds the build may take before it is stopped and fails.
     type: int
     default: 7200
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -116,7 +119,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Build CPython 3.11.2 as a shared library from the verified tarball in the pyenv cache
-  pyenv_install:
+  gpufleet.fleet.pyenv_install:
     pyenv_root: /opt/pyenv
     version: "3.11.2"
     cache_path: /opt/pyenv/cache
@@ -125,7 +128,7 @@ EXAMPLES = r"""
   register: python_build
 
 - name: Build with PGO and LTO for production nodes
-  pyenv_install:
+  gpufleet.fleet.pyenv_install:
     pyenv_root: /opt/pyenv
     version: "3.12.8"
     cache_path: /opt/pyenv/cache

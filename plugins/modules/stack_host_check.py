@@ -9,8 +9,8 @@ DOCUMENTATION = r"""
 module: stack_host_check
 short_description: Check a node's real driver, GPUs, torch and nvcc against the version chain
 description:
-  - Runs on the node, on the facts the node really reports (gathered by M(nvidia_gpu_info), M(torch_stack_info)
-    and C(nvcc --version)), with the same validator as C(gpufleet plan) and M(stack_validate).
+  - Runs on the node, on the facts the node really reports (gathered by M(gpufleet.fleet.nvidia_gpu_info), M(gpufleet.fleet.torch_stack_info)
+    and C(nvcc --version)), with the same validator as C(gpufleet plan) and M(gpufleet.fleet.stack_validate).
   - Checks that the installed driver runs torch's CUDA (full support, or only minor-version compatibility,
     which is a warning), that torch's compiled arch list covers every GPU found, and that the toolkit (nvcc)
     matches torch's CUDA for building extensions such as flash-attn.
@@ -21,7 +21,7 @@ description:
     so playbooks pass only the host facts.
 version_added: "0.1.0"
 author:
-  - gpufleet
+  - gpufleet engineers (!UNKNOWN)
 options:
   driver_version:
     description: The NVIDIA driver version the node runs (NVML), such as C(580.159.04). Null when none is loaded.
@@ -52,13 +52,15 @@ options:
       or a version such as C(13.0). Null when no toolkit is installed.
     type: str
   stack:
-    description: The declared stack (same keys as M(stack_validate)); when given, drift from it is an error.
+    description: The declared stack (same keys as M(gpufleet.fleet.stack_validate)); when given, drift from it is an error.
     type: dict
   compat_facts:
     description:
       - The parts of the knowledge base the check needs (CUDA -> driver table, GPUs, compute capabilities,
         rules). Filled in by the stack_host_check action plugin on the controller; set it only to override.
     type: dict
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -70,18 +72,18 @@ attributes:
 notes:
   - The check itself reads nothing on the node; pass the facts other modules gathered.
 seealso:
-  - module: stack_validate
-  - module: nvidia_gpu_info
-  - module: torch_stack_info
+  - module: gpufleet.fleet.stack_validate
+  - module: gpufleet.fleet.nvidia_gpu_info
+  - module: gpufleet.fleet.torch_stack_info
 """
 
 EXAMPLES = r"""
 - name: Read the GPUs and the driver
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
   register: gpu_info
 
 - name: Read the venv's torch
-  torch_stack_info:
+  gpufleet.fleet.torch_stack_info:
     venv: /opt/torch/.venv
   register: torch_info
 
@@ -92,7 +94,7 @@ EXAMPLES = r"""
   failed_when: false
 
 - name: Check the node's real stack, and its drift from the declared one
-  stack_host_check:
+  gpufleet.fleet.stack_host_check:
     driver_version: "{{ gpu_info.driver_version }}"
     driver_cuda_version: "{{ gpu_info.cuda_driver_version }}"
     gpu_compute_capabilities: "{{ gpu_info.gpus | map(attribute='compute_capability') | list }}"

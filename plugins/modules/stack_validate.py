@@ -14,13 +14,13 @@ description:
     flash-attn -> Python for the stack declared in the inventory, before any host is changed.
   - Runs on the controller only (an action plugin); it never connects to the host and never changes anything.
   - Uses the knowledge base in C(data/compat) (every row with its source) and the same validator as
-    C(gpufleet plan) and the on-host M(stack_host_check) module.
+    C(gpufleet plan) and the on-host M(gpufleet.fleet.stack_host_check) module.
   - Fails with every broken link, each naming both ends and the fix. Warnings (for example a driver that only
     runs the CUDA through minor-version compatibility, or an unverified fact) are returned and shown but do
     not fail. Versions missing from the knowledge base are errors, never silently passed.
 version_added: "0.1.0"
 author:
-  - gpufleet
+  - gpufleet engineers (!UNKNOWN)
 options:
   stack:
     description:
@@ -35,6 +35,8 @@ options:
       - Directory of the knowledge base. Defaults to C($GPUFLEET_COMPAT_DIR), else C(data/compat) beside
         the plugins directory.
     type: path
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -47,15 +49,15 @@ attributes:
 notes:
   - Refresh the vLLM/torch rows of the knowledge base with C(scripts/refresh_compat.py pypi --dist vllm --write).
 seealso:
-  - module: stack_host_check
+  - module: gpufleet.fleet.stack_host_check
 """
 
 EXAMPLES = r"""
 - name: Validate the stack declared in gpufleet_stack before touching any host
-  stack_validate:
+  gpufleet.fleet.stack_validate:
 
 - name: Validate an explicit stack
-  stack_validate:
+  gpufleet.fleet.stack_validate:
     stack:
       gpu: ["NVIDIA H200"]
       driver: "580.159.04"
@@ -86,7 +88,8 @@ errors:
       type: str
   sample:
     - link: vllm -> torch
-      message: "vllm 0.33.0 requires torch==2.14.0; stack has torch 2.13.0 — set torch: \"2.14.0\" or choose a vllm that pins 2.13.0 (0.27.0, 0.27.1, …, 0.32.0)"
+      message: "vllm 0.33.0 requires torch==2.14.0; stack has torch 2.13.0 — set torch: \"2.14.0\" or choose a vllm
+        that pins 2.13.0 (0.27.0, 0.27.1, …, 0.32.0)"
 stack_warnings:
   description: Links that hold with a caveat (minor-version compatibility, unverified facts); same shape as I(errors).
   returned: when the stack could be read

@@ -28,7 +28,8 @@ description:
     of mismatches, also returned as RV(expect_mismatches)). A native crash (a signal) or the O(timeout) in
     the middle of the probe is reported as a diagnosis with what was gathered before it.
 version_added: "0.1.0"
-author: gpufleet
+author:
+  - gpufleet engineers (!UNKNOWN)
 options:
   venv:
     description:
@@ -59,7 +60,7 @@ options:
   gpu_capabilities:
     description:
       - Compute capabilities (C(MAJOR.MINOR), e.g. C(9.0)) of GPUs on the host as another source saw them, for
-        example M(nvidia_gpu_info). The arch list is checked against them as well as against the GPUs torch
+        example M(gpufleet.fleet.nvidia_gpu_info). The arch list is checked against them as well as against the GPUs torch
         sees, which matters when torch cannot reach the GPUs at all.
     type: list
     elements: str
@@ -99,6 +100,8 @@ options:
       packages_sha256:
         description: sha256 of the venv's package list (RV(packages_sha256)), to detect drift.
         type: str
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -121,13 +124,13 @@ seealso:
 
 EXAMPLES = r"""
 - name: Read the serving venv and prove the GPU computes correctly
-  torch_stack_info:
+  gpufleet.fleet.torch_stack_info:
     venv: /opt/vllm/venv
     gpu_compute: true
   register: stack
 
 - name: Fail unless the node has the stack the inventory declares
-  torch_stack_info:
+  gpufleet.fleet.torch_stack_info:
     venv: /opt/vllm/venv
     # As NVML reports them (nvidia_gpu_info); checked even if torch cannot reach the GPUs.
     gpu_capabilities: ["9.0"]
@@ -140,7 +143,7 @@ EXAMPLES = r"""
       vllm_version: 0.19.1
 
 - name: Check a freshly built flash-attn on the GPU
-  torch_stack_info:
+  gpufleet.fleet.torch_stack_info:
     venv: /opt/vllm/venv
     flash_attn_kernel: true
     import_check: [flash_attn_2_cuda]

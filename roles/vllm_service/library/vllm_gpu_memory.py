@@ -31,6 +31,8 @@ options:
   library:
     description: Path of libnvidia-ml.so.1 (default, the loader's).
     type: path
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
@@ -40,7 +42,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Check the GPU memory of an instance after its warm-up
-  vllm_gpu_memory:
+  gpufleet.fleet.vllm_gpu_memory:
     instances:
       - name: main
         gpus: [0, 1]
