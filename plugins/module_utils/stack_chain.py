@@ -703,8 +703,8 @@ def _unknown_toolkit(index: _Index, report: Report, cuda: str) -> None:
     runfile = rows[0]["runfile"] if rows and rows[0].get("runfile") else ""
     report.error("cuda", "CUDA %s is not a toolkit release: %s is the version of %s inside %s (toolkit %s%s) — "
                  "set cuda: \"%s\"" % (cuda, cuda, component["component"], component["cuda_release"],
-                                        component["cuda_version"], ", runfile %s" % runfile if runfile else "",
-                                        component["cuda_version"]))
+                                       component["cuda_version"], ", runfile %s" % runfile if runfile else "",
+                                       component["cuda_version"]))
 
 
 def _check_vllm(index: _Index, report: Report, stack: dict, gpus: list):
