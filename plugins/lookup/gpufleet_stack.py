@@ -134,11 +134,10 @@ class LookupModule(LookupBase):
         version = kwargs.get("version")
         if list(terms) == ["driver.fabric_manager"] and outcome["resolved"]["driver"]:
             # Not part of every stack's artifacts: only an NVSwitch system's role asks for it.
-            artifacts = load_module_util("stack_artifacts")
             try:
-                return [artifacts.fabric_manager_archive(str(version or outcome["resolved"]["driver"]["version"]),
-                                                         inputs["mirror_url"], inputs["pins"])]
-            except artifacts.ArtifactError as error:
+                return [stack_artifacts.fabric_manager_archive(
+                    str(version or outcome["resolved"]["driver"]["version"]), inputs["mirror_url"], inputs["pins"])]
+            except stack_artifacts.ArtifactError as error:
                 raise AnsibleLookupError(str(error))
         if version and outcome["resolved"]["driver"] and str(version) != outcome["resolved"]["driver"]["version"]:
             # nvidia_driver_version set on purpose to another driver: that driver's runfile.

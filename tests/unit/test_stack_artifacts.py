@@ -173,6 +173,15 @@ def test_the_lookup_returns_what_the_roles_install(tmp_path: Path) -> None:
     assert f'"url": "{MIRROR}/nvidia/NVIDIA-Linux-x86_64-570.124.06.run"' in result.stdout
 
 
+def test_the_lookup_resolves_the_fabric_manager_of_the_driver_only_when_asked(tmp_path: Path) -> None:
+    archive = "fabricmanager-linux-x86_64-580.95.05-archive.tar.xz"
+    variables = {**LAB_STACK, "gpufleet_mirror_url": MIRROR,
+                 "gpufleet_artifact_sha256": dict(PINS, **{archive: "34" * 32})}
+    result = lookup(tmp_path, "lookup('gpufleet.fleet.gpufleet_stack', 'driver.fabric_manager')", variables)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f'"url": "{MIRROR}/nvidia/{archive}"' in result.stdout and '"sha256": "' + "34" * 32 in result.stdout
+
+
 def test_the_lookup_refuses_an_incompatible_stack_whatever_asks(tmp_path: Path) -> None:
     stack = dict(LAB_STACK["gpufleet_stack"], torch="2.12.0")
     result = lookup(tmp_path, "lookup('gpufleet.fleet.gpufleet_stack', 'python.version')",
