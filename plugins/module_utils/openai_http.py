@@ -1,21 +1,20 @@
 # -*- coding: utf-8 -*-
 """Talk to an OpenAI-compatible server (vLLM): wait for health, list models, time classes of requests.
 
-Shipped to targets with the openai_probe module: standard library and ansible.module_utils.urls only.
+Shipped to targets with the openai_probe module, so standard library only.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import ssl
 import time
 import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
-
-from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
-from ansible.module_utils.urls import open_url
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Error bodies are cut to this length in messages: enough for the server's reason, never a whole page.
@@ -72,6 +71,17 @@ class RequestClass:
     extra_body: Dict[str, Any] = field(default_factory=dict)
 
 
+def ssl_context(server: Server) -> Optional[ssl.SSLContext]:
+    if not server.base_url.startswith("https://"):
+        return None
+    if not server.validate_certs:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    return ssl.create_default_context(cafile=server.ca_path or None)
+
+
 def _headers(server: Server, has_body: bool) -> Dict[str, str]:
     headers = {"Accept": "application/json", "User-Agent": "gpufleet-openai-probe"}
     if has_body:
@@ -97,13 +107,11 @@ def _excerpt(body: Any) -> str:
 def call(server: Server, method: str, path: str, payload: Optional[Dict[str, Any]] = None) -> Reply:
     """One request; never raises for HTTP or network errors, they are reported in the Reply."""
     data = json.dumps(payload).encode() if payload is not None else None
+    request = urllib.request.Request(server.url(path), data=data, method=method,
+                                     headers=_headers(server, data is not None))
     started = time.monotonic()
     try:
-        # No ~/.netrc credentials and no gzip: the server gets exactly the request the probe describes.
-        with open_url(server.url(path), data=data, method=method, headers=_headers(server, data is not None),
-                      timeout=server.timeout, validate_certs=server.validate_certs,
-                      ca_path=server.ca_path or None, use_netrc=False,
-                      decompress=False) as response:
+        with urllib.request.urlopen(request, timeout=server.timeout, context=ssl_context(server)) as response:
             if payload is not None and payload.get("stream"):
                 return _read_stream(response, started)
             body = _decode(response.read())
@@ -113,7 +121,7 @@ def call(server: Server, method: str, path: str, payload: Optional[Dict[str, Any
         excerpt = _excerpt(body)
         message = f"HTTP {error.code}: {excerpt}" if excerpt else f"HTTP {error.code}"
         return Reply(error.code, body, time.monotonic() - started, message)
-    except (urllib.error.URLError, OSError, ValueError, UrlsConnectionError) as error:
+    except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
         return Reply(0, "", time.monotonic() - started, f"{type(error).__name__}: {reason}")
 
