@@ -23,11 +23,11 @@ run() {
 
 run nvidia-smi nvidia-smi
 run nvidia-smi-query nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,compute_cap,persistence_mode,ecc.mode.current,pci.bus_id --format=csv
-run nvidia_gpu_info "${ansible_local[@]}" -m nvidia_gpu_info
+run nvidia_gpu_info "${ansible_local[@]}" -m gpufleet.fleet.nvidia_gpu_info
 if [ -n "$gpu_expect" ]; then
-  run nvidia_gpu_info_expect "${ansible_local[@]}" -m nvidia_gpu_info -a "{\"expect\": $gpu_expect}"
+  run nvidia_gpu_info_expect "${ansible_local[@]}" -m gpufleet.fleet.nvidia_gpu_info -a "{\"expect\": $gpu_expect}"
 fi
-run nvidia_gpu_info_check "${ansible_local[@]}" --check -m nvidia_gpu_info
-run torch_stack_info "${ansible_local[@]}" -m torch_stack_info -a "venv=$venv gpu_compute=true"
-run torch_stack_info_check "${ansible_local[@]}" --check -m torch_stack_info -a "venv=$venv"
+run nvidia_gpu_info_check "${ansible_local[@]}" --check -m gpufleet.fleet.nvidia_gpu_info
+run torch_stack_info "${ansible_local[@]}" -m gpufleet.fleet.torch_stack_info -a "venv=$venv gpu_compute=true"
+run torch_stack_info_check "${ansible_local[@]}" --check -m gpufleet.fleet.torch_stack_info -a "venv=$venv"
 run plan python -m gpufleet plan --stack "$stack"

@@ -208,7 +208,7 @@ echo "=== vllm: env -i <${#service_env[@]} variables> ${argv[*]}"
 started="$(date +%s.%N)"
 (cd "$home" && exec setsid env -i "${service_env[@]}" "${argv[@]}") >"$outdir/vllm.log" 2>&1 &
 vllm_pid=$!
-"${ansible_local[@]}" -m openai_probe \
+"${ansible_local[@]}" -m gpufleet.fleet.openai_probe \
   -a "{\"url\": \"http://127.0.0.1:$port\", \"api_key\": \"$api_key\", \"health_timeout\": 900, \"health_interval\": 1, \"expect_models\": [\"$instance\"]}" \
   >"$outdir/health.txt" 2>&1 &
 probe_pid=$!
@@ -223,7 +223,7 @@ echo "rc=$health_rc since_start_s=$("$python" -c "print(round($healthy - $starte
 cat "$outdir/health.txt"
 if [ "$health_rc" -ne 0 ]; then tail -n 80 "$outdir/vllm.log"; exit 1; fi
 
-run torch_stack_info "${ansible_local[@]}" -m torch_stack_info \
+run torch_stack_info "${ansible_local[@]}" -m gpufleet.fleet.torch_stack_info \
   -a "{\"venv\": \"$venv\", \"gpu_compute\": true, \"import_check\": [\"vllm._C_stable_libtorch\", \"vllm.vllm_flash_attn._vllm_fa3_C\", \"vllm.cumem_allocator\"]}"
 
 warmup_args() {
@@ -235,9 +235,9 @@ print(json.dumps({"url": "http://127.0.0.1:" + sys.argv[2], "api_key": sys.argv[
                   "requests": defaults["vllm_service_warmup_requests"]}))' \
     roles/vllm_service/defaults/main.yml "$port" "$api_key" "$instance"
 }
-run warmup "${ansible_local[@]}" -m openai_probe -a "$(warmup_args)"
-run steady "${ansible_local[@]}" -m openai_probe -a "$(warmup_args)"
-run nvidia_gpu_info "${ansible_local[@]}" -m nvidia_gpu_info
+run warmup "${ansible_local[@]}" -m gpufleet.fleet.openai_probe -a "$(warmup_args)"
+run steady "${ansible_local[@]}" -m gpufleet.fleet.openai_probe -a "$(warmup_args)"
+run nvidia_gpu_info "${ansible_local[@]}" -m gpufleet.fleet.nvidia_gpu_info
 run nvidia-smi-apps nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
 run nvidia-smi-memory nvidia-smi --query-gpu=memory.used,memory.total,memory.reserved --format=csv
 

@@ -82,7 +82,7 @@ def fabric_check(inventory: Path, host: str, version: str) -> tuple[int, dict]:
     args = json.dumps({"driver_version": version, "service_active": True})
     with tempfile.TemporaryDirectory(prefix="gpufleet-ansible-") as tree:
         result = subprocess.run([str(Path(sys.executable).parent / "ansible"), "-i", str(inventory), host, "-m",
-                                 "nvidia_fabric_manager", "-a", args, "--tree", tree],
+                                 "gpufleet.fleet.nvidia_fabric_manager", "-a", args, "--tree", tree],
                                 capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300, check=False)
         return result.returncode, json.loads((Path(tree) / host).read_text())
 

@@ -58,7 +58,7 @@ def test_current_venv_is_a_versioned_venv_from_the_lock(host) -> None:
 
 def test_torch_and_vllm_from_the_venv(host) -> None:
     # torch_stack_info, the project's own probe, run through Ansible on the host.
-    info = host.ansible("torch_stack_info", f"venv={CURRENT}", check=False)
+    info = host.ansible("gpufleet.fleet.torch_stack_info", f"venv={CURRENT}", check=False)
     assert info["torch"]["version"] == "2.13.0+cpu"
     assert info["vllm"]["version"] == "0.32.0"
     assert info["python"]["version"] == "3.11.2"
