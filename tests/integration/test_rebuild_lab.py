@@ -70,6 +70,11 @@ def test_full_rebuild_builds_every_layer_again_and_ends_clean(fleet: tuple[Path,
     assert list(report.nodes) == [node]
     assert {item.status for item in report.nodes[node].layers.values()} == {"ok"}
     assert_unchanged(other_before, manifest(inventory, other), other)
+    # The driver's reinstall stopped the instances and no serve layer ran (--layers leaves it out): the run's
+    # last play started them again, health-gated, so the node serves through its proxy.
+    serving = sh(inventory, node, "systemctl is-active vllm@main vllm@greedy; "
+                                  "curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health")[1]
+    assert serving.split() == ["active", "active", "200"], serving
 
 
 def test_more_than_one_node_is_refused_before_anything_runs(fleet: tuple[Path, str, str], tmp_path: Path) -> None:

@@ -32,22 +32,9 @@ THROUGH_PROXY = ("curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/h
 
 
 @pytest.fixture()
-def nodes(lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path_factory: pytest.TempPathFactory
-          ) -> tuple[Path, str, str]:
+def nodes(lab_inventory: Path, lab_hosts: dict[str, dict]) -> tuple[Path, str, str]:
     first, second = sorted(lab_hosts)[:2]
-    serving(lab_inventory, (first, second), tmp_path_factory.mktemp("serving"))
     return lab_inventory, first, second
-
-
-def serving(inventory: Path, hosts: tuple[str, str], runs: Path) -> None:
-    """The rollout starts from a fleet that serves: a node whose instances an earlier test left stopped (the
-    full rebuild of test_rebuild_lab reinstalls the driver, which stops them, and rebuilds no serve layer)
-    gets its serve and proxy layers applied first."""
-    stopped = [host for host in hosts if state(inventory, host, "systemctl is-active vllm@main vllm@greedy || true")
-               .split() != ["active", "active"]]
-    if stopped:
-        result = gpufleet(runs, "provision", "-i", str(inventory), "--limit", ",".join(stopped), "--tags", "serve,proxy")
-        assert result.returncode == 0, result.stdout[-6000:] + result.stderr
 
 
 @pytest.fixture()
