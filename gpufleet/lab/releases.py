@@ -10,12 +10,14 @@ from gpufleet.errors import GpufleetError
 
 @dataclass(frozen=True)
 class OsRelease:
-    """A lab OS: its name on the command line, its Debian suite, and how Ansible facts name it."""
+    """A lab OS: its name on the command line, its Debian suite, how Ansible facts name it, and the paths of
+    Debian's kernel packages its hosts leave out (dpkg path-exclude globs, as the packages name them)."""
 
     name: str
     suite: str
     distribution: str
     major: str
+    unrun_kernel_paths: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -28,11 +30,16 @@ class OsRelease:
 
 
 # Only Debian suites: the lab machine reaches Debian's archive and no other (see the README's platform table).
+# Lab hosts run the controller's kernel. Trixie's linux-headers-6.12.N+deb13-amd64 Depends on its
+# linux-image-6.12.N+deb13-amd64 (bookworm's headers pull no image), so a Debian 13 host that installs the real
+# headers installs (and the driver role holds) the image package too, as a real node does; its boot image and
+# modules, which the container never runs, are left out: no vmlinuz in /boot for DKMS or drift to count.
 RELEASES = {
     release.name: release
     for release in (
         OsRelease(name="debian12", suite="bookworm", distribution="Debian", major="12"),
-        OsRelease(name="debian13", suite="trixie", distribution="Debian", major="13"),
+        OsRelease(name="debian13", suite="trixie", distribution="Debian", major="13",
+                  unrun_kernel_paths=("/boot/vmlinuz-*", "/usr/lib/modules/*/kernel/*")),
     )
 }
 DEFAULT_OS = "debian12"

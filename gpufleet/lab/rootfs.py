@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -33,15 +34,29 @@ CUSTOMIZE_HOOKS = (
 )
 
 
+UNRUN_KERNEL_CONF = "etc/dpkg/dpkg.cfg.d/gpufleet-lab-unrun-kernels"
+
+
+def unrun_kernel_hook(paths: tuple[str, ...]) -> str:
+    """A customize hook writing dpkg's path-exclude for these paths (in the image, so every host has it before
+    its first apt run)."""
+    lines = ["# gpufleet lab: hosts run the lab machine kernel; Debian kernel images and modules are not unpacked."]
+    lines += [f"path-exclude={path}" for path in paths]
+    return f'printf "%s\\n" {" ".join(shlex.quote(line) for line in lines)} > "$1"/{UNRUN_KERNEL_CONF}'
+
+
 def recipe(release: OsRelease) -> dict:
     """Everything that determines the release's image; its hash names the cached tar."""
+    hooks = list(CUSTOMIZE_HOOKS)
+    if release.unrun_kernel_paths:
+        hooks.append(unrun_kernel_hook(release.unrun_kernel_paths))
     return {
         "suite": release.suite,
         "variant": "minbase",
         "architecture": "amd64",
         "mirror": DEBIAN_ARCHIVE,
         "packages": sorted(PACKAGES),
-        "customize_hooks": list(CUSTOMIZE_HOOKS),
+        "customize_hooks": hooks,
     }
 
 

@@ -20,6 +20,7 @@ import pytest
 from conftest import BIN, AnsibleRunner, run_ansible
 from gpufleet import PROJECT_ROOT
 from gpufleet.lab import mirror
+from gpufleet.lab.releases import RELEASES
 
 pytestmark = pytest.mark.lab
 
@@ -65,11 +66,14 @@ def test_reboot_gives_a_new_boot_id_and_the_host_comes_back(ansible: AnsibleRunn
 
 def test_apt_installs_through_the_mirror(ansible: AnsibleRunner, lab_hosts: dict[str, dict]) -> None:
     host = list(lab_hosts)[0]
+    suite = RELEASES[lab_hosts[host]["gpufleet_lab_os"]].suite
     sources = ansible(host, "command", "cat /etc/apt/sources.list")[host]["stdout"]
-    assert f"deb {lab_hosts[host]['gpufleet_mirror_url']}/debian bookworm main" in sources
-    script = "apt-get purge -y -q jq >/dev/null; apt-get update -q && apt-get install -y -q jq && jq --version"
-    result = ansible(host, "shell", script, timeout=900)[host]
-    assert result["stdout"].splitlines()[-1].startswith("jq-1.6")
+    assert f"deb {lab_hosts[host]['gpufleet_mirror_url']}/debian {suite} main" in sources
+    script = ("apt-get purge -y -q jq >/dev/null; apt-get update -q && apt-get install -y -q jq && "
+              "dpkg-query -W -f '${Version}' jq && echo && jq --version")
+    *_, version, shown = ansible(host, "shell", script, timeout=900)[host]["stdout"].splitlines()
+    # jq-1.6 from bookworm's 1.6-2.1, jq-1.7.1 from trixie's: the release's package, installed and running.
+    assert shown == f"jq-{version.rsplit('-', 1)[0]}", (version, shown)
 
 
 def test_mirror_serves_a_published_file_to_every_host(ansible: AnsibleRunner, lab_hosts: dict[str, dict],

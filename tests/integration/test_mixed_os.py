@@ -34,8 +34,9 @@ def test_each_host_has_its_releases_python_build_dependencies(lab_hosts: dict[st
 
 
 def test_no_host_carries_a_kernel_it_does_not_run(lab_hosts: dict[str, dict], ansible: AnsibleRunner) -> None:
-    """Lab hosts run the controller's kernel. A kernel image in /boot (Debian 13's linux-headers-* pull theirs
-    in) is one DKMS has no module for, which drift reports as a node that would boot without its GPUs."""
+    """Lab hosts run the controller's kernel. A kernel image in /boot is one DKMS has no module for, which drift
+    reports as a node that would boot without its GPUs: Debian 13's headers pull their image package in, whose
+    vmlinuz the lab's image leaves out (dpkg path-exclude)."""
     found = ansible("gpu_nodes", "ansible.builtin.find", "paths=/boot patterns=vmlinuz-*")
     assert {name: [item["path"] for item in found[name]["files"]] for name in lab_hosts} == {
         name: [] for name in lab_hosts}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,34 @@ def test_without_os_each_host_keeps_the_os_it_was_made_with(tmp_path: Path) -> N
         host.marker.write_text(marker + "\n")
     # h-2 was made before hosts recorded their OS (a Debian 12 image), h-3 does not exist yet.
     assert [r.name for r in fleet.kept_releases(hosts)] == ["debian13", "debian12", "debian12"]
+
+
+def test_debian12s_image_keeps_its_recipe() -> None:
+    """Bookworm's headers pull no kernel image: its image (and the cached tar every lab boots) is unchanged."""
+    assert rootfs.recipe(RELEASES["debian12"])["customize_hooks"] == list(rootfs.CUSTOMIZE_HOOKS)
+
+
+def written_excludes(tmp_path: Path) -> list[str]:
+    """Runs the Debian 13 image's last customize hook as mmdebstrap does (sh, "$1" the root) on a tree."""
+    (tmp_path / "etc/dpkg/dpkg.cfg.d").mkdir(parents=True)
+    hook = rootfs.recipe(RELEASES["debian13"])["customize_hooks"][-1]
+    subprocess.run(["sh", "-c", hook, "sh", str(tmp_path)], check=True)
+    lines = (tmp_path / rootfs.UNRUN_KERNEL_CONF).read_text().splitlines()
+    assert lines[0].startswith("# "), "the file says why"
+    return [line.removeprefix("path-exclude=") for line in lines[1:] if line.startswith("path-exclude=")]
+
+
+# Paths as trixie's linux-image-6.12.118+deb13-amd64 and linux-headers-6.12.118+deb13-amd64 list them (dpkg -c).
+KERNEL = "6.12.118+deb13-amd64"
+LEFT_OUT = [f"/boot/vmlinuz-{KERNEL}", f"/usr/lib/modules/{KERNEL}/kernel/drivers/gpu/drm/nouveau/nouveau.ko.xz"]
+KEPT = [f"/usr/lib/modules/{KERNEL}/build", f"/usr/lib/modules/{KERNEL}/modules.order", f"/boot/config-{KERNEL}",
+        f"/usr/src/linux-headers-{KERNEL}/Module.symvers", f"/usr/share/doc/linux-image-{KERNEL}/copyright"]
+
+
+def test_debian13_hosts_leave_the_unrun_kernels_image_and_modules_out(tmp_path: Path) -> None:
+    """dpkg matches path-exclude with fnmatch(3) without flags ('*' crosses '/'), as fnmatchcase does."""
+    excludes = written_excludes(tmp_path)
+    assert excludes == list(RELEASES["debian13"].unrun_kernel_paths)
+    assert [path for path in LEFT_OUT if not any(fnmatch.fnmatchcase(path, glob) for glob in excludes)] == []
+    # The headers (and their build link, which the installer and DKMS build against) stay.
+    assert [path for path in KEPT if any(fnmatch.fnmatchcase(path, glob) for glob in excludes)] == []
