@@ -54,12 +54,6 @@ options:
         as RV(gpufleet_drift) with the XID and DCGM problems added as drift (drift_probe's C(gpus) check reads
         NVML's ECC, row remapping and lost GPUs already).
     type: dict
-  fabric_manager_problem:
-    description:
-      - What nvidia_fabric_manager found wrong on an NVSwitch system (its message), for drift's gpu_health layer to
-        report with the GPUs' health; empty when nothing.
-    type: str
-    default: ""
 extends_documentation_fragment:
   - gpufleet.fleet.attributes
 attributes:
@@ -126,12 +120,10 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "dcgm_level": {"type": "int", "default": 1, "choices": [0, 1, 2, 3, 4]},
     "fail": {"type": "bool", "default": True},
     "drift_layer_result": {"type": "dict"},
-    "fabric_manager_problem": {"type": "str", "default": ""},
 }
 # What drift_probe's gpus check does not read itself.
-DRIFT_CHECKS = ("xid", "dcgm", "fabric_manager")
-DRIFT_ENTRY = {"xid": ("kernel log", "none since boot"), "dcgm": ("DCGM diagnostic", "pass"),
-               "fabric_manager": ("nvidia-fabricmanager", "the driver's version")}
+DRIFT_CHECKS = ("xid", "dcgm")
+DRIFT_ENTRY = {"xid": ("kernel log", "none since boot"), "dcgm": ("DCGM diagnostic", "pass")}
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
 
 
@@ -189,9 +181,6 @@ def main() -> None:
     xids = parse_xids(lines)
     problems = nvml_state(params["library"], params["ecc_errors_max"])
     problems += xid_problems(xids, params["xid_ignore"])
-    if params["fabric_manager_problem"]:
-        problems.append({"check": "fabric_manager", "gpu": None, "evidence": params["fabric_manager_problem"],
-                         "message": params["fabric_manager_problem"]})
     dcgm = run_dcgm(module, params["dcgm_level"])
     if dcgm["ran"]:
         problems += dcgm_problems(dcgm["rc"], dcgm["output"], params["dcgm_level"])

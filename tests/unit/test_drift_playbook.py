@@ -186,3 +186,29 @@ def test_the_walk_follows_role_preflights(scratch: Path) -> None:
     walk = walk_playbook(write(scratch, "drift.yml", [{"name": "p", "hosts": "all", "check_mode": True, "tasks": tasks}]))
     # The driver role's install file installs the driver: the walk must see that.
     assert any("nvidia_runfile is not read-only" in problem for problem in walk.problems), walk.problems
+
+
+def fabric_manager_reads(tasks: list) -> list[str]:
+    """The tasks of a layer file (blocks included) that read the fabric manager: nvidia_fabric_manager itself,
+    or a drift_probe check of kind fabric_manager."""
+    found = []
+    for task in tasks or []:
+        if "block" in task:
+            found += [name for part in ("block", "rescue", "always") for name in fabric_manager_reads(task.get(part))]
+            continue
+        checks = (task.get("gpufleet.fleet.drift_probe") or {}).get("checks") or []
+        # A templated check list (a string) is searched as text.
+        kinds = [check.get("kind") for check in checks if isinstance(check, dict)] if isinstance(checks, list) else []
+        if ("gpufleet.fleet.nvidia_fabric_manager" in task or "fabric_manager" in kinds
+                or isinstance(checks, str) and "fabric_manager" in checks):
+            found.append(task["name"])
+    return found
+
+
+def test_one_layer_owns_the_fabric_manager() -> None:
+    # The driver layer installs it with the driver and its rebuild repairs it; a second reader (gpu_health did)
+    # reports one wrong fabric manager twice, once as a layer whose rebuild is the driver's anyway.
+    reads = {layer: fabric_manager_reads(yaml.safe_load(
+                 (PROJECT_ROOT / "playbooks" / "drift" / "layers" / f"{layer}.yml").read_text()))
+             for layer in LAYERS}
+    assert {layer: names for layer, names in reads.items() if names} == {"driver": ["driver: compare with the node"]}

@@ -118,12 +118,3 @@ def test_drift_layer_result_gets_the_xids(simgpu_machine: SimulatedMachine, kern
     assert drifted["status"] == "drifted" and [entry["field"] for entry in drifted["drift"]] == ["xid 79"]
     assert drifted["drift"][0]["actual"].endswith("NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', "
                                                   "name=<unknown>, GPU has fallen off the bus.")
-
-
-def test_drift_layer_result_gets_the_fabric_manager_problem(simgpu_machine: SimulatedMachine, kernel_log: Path) -> None:
-    probe = {"layer": "gpu_health", "status": "ok", "drift": [], "errors": [], "checked": 1, "notes": []}
-    message = "nvidia-fabricmanager 580.95.05 does not match the NVIDIA driver 580.159.04: install fabric manager ..."
-    drifted = run_gpu_health(module_args(simgpu_machine, kernel_log, fail=False, drift_layer_result=probe,
-                                         fabric_manager_problem=message), check_mode=True)["gpufleet_drift"]
-    assert drifted["status"] == "drifted"
-    assert [(entry["check"], entry["actual"]) for entry in drifted["drift"]] == [("nvidia-fabricmanager", message)]
