@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import compute_capability
+
 SASS = "sass"
 PTX = "ptx"
 
@@ -28,8 +30,6 @@ INTEGRATED_GPUS = frozenset({(5, 3), (6, 2), (7, 2), (8, 7), (10, 1)})
 RENAMED_TARGETS = {(10, 1): frozenset({(11, 0)})}
 
 _ARCH_RE = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
-_CAPABILITY_RE = re.compile(r"^(\d+)\.(\d)$")
-_SM_RE = re.compile(r"^sm_(\d+)$")
 
 
 class ArchError(ValueError):
@@ -38,14 +38,9 @@ class ArchError(ValueError):
 
 def parse_capability(text: str) -> tuple[int, int]:
     """'9.0' or 'sm_90' -> (9, 0)."""
-    value = str(text).strip()
-    match = _CAPABILITY_RE.match(value)
-    if match:
-        return int(match.group(1)), int(match.group(2))
-    match = _SM_RE.match(value)
-    if match and len(match.group(1)) >= 2:
-        digits = match.group(1)
-        return int(digits[:-1]), int(digits[-1])
+    capability = compute_capability(text)
+    if capability is not None:
+        return capability
     raise ArchError(
         "%r is not a compute capability: write it as MAJOR.MINOR, e.g. 9.0 for an H100/H200" % (text,)
     )

@@ -29,11 +29,12 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import
     short_hash,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.fabric_manager import (
-    NVSWITCH_DEVICES, UNIT, count_nvswitches, parse_version,
+    NVSWITCH_DEVICES, UNIT, count_nvswitches,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.kernel_key import (
     TORCH_PROBE, KernelKeyError, build_key, key_components, parse_nvcc_version,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import fabric_manager_version, nvcc_release
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import (
     NvmlError, check_expectations, loaded_driver_state, read_fabric, read_gpu_state,
 )
@@ -46,7 +47,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import parse_probe as parse_python_probe
 from ansible_collections.gpufleet.fleet.plugins.module_utils.runfile import (
-    installed_driver, installed_toolkit, loaded_driver_from_kernel, parse_nvcc_release,
+    installed_driver, installed_toolkit, loaded_driver_from_kernel,
 )
 
 # What model_store writes beside the weights: never "unexpected files".
@@ -102,7 +103,7 @@ def check_fabric_manager(spec: dict, ctx: Context) -> list[Finding]:
         return []
     wanted = str(spec["version"])
     rc, out, err = ctx.run(["nv-fabricmanager", "--version"])
-    installed = parse_version(out + err) if rc == 0 else None
+    installed = fabric_manager_version(out + err) if rc == 0 else None
     found = [] if installed == wanted else [Finding("nvidia-fabricmanager", "version", wanted,
                                                     installed or "not installed", "CUDA fails with error 802")]
     return found + check_service({"name": UNIT, "enabled": True, "active": True}, ctx)
@@ -167,12 +168,12 @@ def check_dkms(spec: dict, ctx: Context) -> list[Finding]:
 
 # ---- CUDA toolkits and the loader ------------------------------------------------------------------
 
-def nvcc_release(prefix: str, ctx: Context) -> str | None:
+def toolkit_nvcc_release(prefix: str, ctx: Context) -> str | None:
     nvcc = os.path.join(prefix, "bin", "nvcc")
     if not os.access(nvcc, os.X_OK):
         return None
     rc, out, err = ctx.run([nvcc, "--version"])
-    return parse_nvcc_release(out) if rc == 0 else None
+    return nvcc_release(out) if rc == 0 else None
 
 
 def check_toolkits(spec: dict, ctx: Context) -> list[Finding]:
@@ -187,7 +188,7 @@ def check_toolkits(spec: dict, ctx: Context) -> list[Finding]:
             found.append(Finding(label, "version", wanted, installed or "not installed"))
             continue
         release = ".".join(wanted.split(".")[:2])
-        reported = nvcc_release(prefix, ctx)
+        reported = toolkit_nvcc_release(prefix, ctx)
         if reported != release:
             found.append(Finding(label, "nvcc release", release, reported or "nvcc missing or failing"))
     return found

@@ -8,17 +8,9 @@ Standard library only.
 from __future__ import annotations
 
 import os
-import re
 
 UNIT = "nvidia-fabricmanager.service"
 NVSWITCH_DEVICES = "/proc/driver/nvidia-nvswitch/devices"
-# `nv-fabricmanager --version` prints "Fabric Manager version is : 580.95.05".
-VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?)\b")
-
-
-def parse_version(output: str) -> str | None:
-    found = VERSION.search(output)
-    return found.group(1) if found else None
 
 
 def count_nvswitches(path: str = NVSWITCH_DEVICES) -> int:

@@ -15,6 +15,8 @@ import hashlib
 import json
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import nvcc_version
+
 # Printed by the probe, run with the venv's interpreter: what a build without isolation would link against.
 TORCH_PROBE = (
     "import json, platform, sys\n"
@@ -29,7 +31,6 @@ TORCH_PROBE = (
 )
 
 _ARCH_RE = re.compile(r"^\d+\.\d+(a|f)?(\+PTX)?$")
-_NVCC_RE = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
 
 
 class KernelKeyError(ValueError):
@@ -52,10 +53,10 @@ def normalize_arch_list(text: str) -> str:
 
 def parse_nvcc_version(output: str) -> str:
     """'Cuda compilation tools, release 12.8, V12.8.93' -> '12.8.93'."""
-    match = _NVCC_RE.search(output or "")
-    if not match:
+    version = nvcc_version(output)
+    if version is None:
         raise KernelKeyError(f"cannot read the CUDA release from nvcc --version: {output.strip()[-200:]!r}")
-    return match.group(2)
+    return version
 
 
 def max_jobs(requested: int, cores: int, memory_mb: int, memory_per_job_gb: float) -> int:

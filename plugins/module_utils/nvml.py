@@ -15,6 +15,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import nvml_cuda_version
+
 LIBRARY_NAME = "libnvidia-ml.so.1"
 
 # nvmlReturn_t values (nvml.h).
@@ -299,7 +301,7 @@ class Nvml:
         """The highest CUDA version the driver runs, as "major.minor" (NVML gives 1000*major + 10*minor)."""
         version = ctypes.c_int()
         self.call("nvmlSystemGetCudaDriverVersion", ctypes.byref(version))
-        return "%d.%d" % (version.value // 1000, (version.value % 1000) // 10)
+        return nvml_cuda_version(version.value)
 
     def device_count(self) -> int:
         count = ctypes.c_uint()

@@ -91,12 +91,6 @@ def parse_toolkit_version_json(text: str) -> str | None:
     return version if isinstance(version, str) and _VERSION_RE.match(version) else None
 
 
-def parse_nvcc_release(text: str) -> str | None:
-    """The release from `nvcc --version`: 'Cuda compilation tools, release 12.8, V12.8.93' -> '12.8'."""
-    match = re.search(r"release (\d+\.\d+)", text or "")
-    return match.group(1) if match else None
-
-
 def runfile_version_from_name(kind: str, filename: str) -> str | None:
     """The version NVIDIA's file name carries, or None for a name that follows no NVIDIA pattern."""
     name = os.path.basename(filename)

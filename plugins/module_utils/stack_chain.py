@@ -17,6 +17,9 @@ from __future__ import annotations
 import re
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import gpu_coverage as _gpu_coverage
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import (
+    compute_capability, nvcc_release, nvml_cuda_version,
+)
 
 REPORT_SCHEMA = "gpufleet.stack-report/v1"
 REQUIRED_KEYS = ("gpu", "driver", "cuda", "python", "torch", "torch_variant", "vllm")
@@ -36,7 +39,6 @@ _PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "
 _DRIVER_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$", re.ASCII)
 _CUDA_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$", re.ASCII)
 _VARIANT_RE = re.compile(r"^(?:cu(\d{3,4})|cpu)$", re.ASCII)
-_SM_RE = re.compile(r"^(?:sm|compute)_(\d+)([a-z]?)$", re.ASCII)
 _CC_RE = re.compile(r"^(\d+)\.(\d+)$", re.ASCII)
 _SPEC_RE = re.compile(r"^(~=|==|!=|<=|>=|<|>)\s*([0-9][0-9A-Za-z.*+]*)$", re.ASCII)
 
@@ -161,25 +163,14 @@ def parse_compute_capability(text: str):
     """'9.0', 'sm_90', 'compute_120' or [9, 0] -> '9.0'; None when it is not a compute capability."""
     if isinstance(text, (list, tuple)) and len(text) == 2:
         return "%d.%d" % (int(text[0]), int(text[1]))
-    value = str(text).strip().lower()
-    match = _CC_RE.match(value)
-    if match:
-        return "%d.%d" % (int(match.group(1)), int(match.group(2)))
-    match = _SM_RE.match(value)
-    if match and not match.group(2):
-        digits = match.group(1)
-        return "%d.%s" % (int(digits[:-1]), digits[-1])
-    return None
+    capability = compute_capability(str(text).lower(), ptx=True)
+    return None if capability is None else "%d.%d" % capability
 
 
 def parse_nvcc_release(text: str):
-    """'Cuda compilation tools, release 13.0, V13.0.88' or '13.0.88' -> '13.0'."""
-    value = str(text)
-    match = re.search(r"release (\d+\.\d+)", value)
-    if match:
-        return match.group(1)
-    match = re.match(r"^V?(\d+\.\d+)(?:\.\d+)*$", value.strip())
-    return match.group(1) if match else None
+    """The fact as `nvcc --version` prints it, or already reduced to a version ('13.0.88') -> '13.0'."""
+    match = re.match(r"^V?(\d+\.\d+)(?:\.\d+)*$", str(text).strip())
+    return nvcc_release(str(text)) or (match.group(1) if match else None)
 
 
 def _cc_tuple(cc: str) -> tuple:
@@ -937,8 +928,7 @@ def _driver_cuda(value):
         return None
     text = str(value)
     if text.isdigit():
-        number = int(text)
-        return "%d.%d" % (number // 1000, (number % 1000) // 10)
+        return nvml_cuda_version(int(text))
     if _CC_RE.match(text):
         return text
     raise StackError("driver_cuda_version %r is neither NVML's 13000 form nor 13.0" % (value,))

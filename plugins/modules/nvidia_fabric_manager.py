@@ -95,8 +95,9 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.fabric_manager import (
-    NVSWITCH_DEVICES, UNIT, count_nvswitches, parse_version, problem,
+    NVSWITCH_DEVICES, UNIT, count_nvswitches, problem,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import fabric_manager_version
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import NvmlError, read_fabric
 
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
@@ -107,7 +108,7 @@ def installed_version(module: AnsibleModule, binary: str) -> str | None:
     if not path:
         return None
     rc, out, err = module.run_command([path, "--version"], environ_update=C_LOCALE)
-    return parse_version(out + err) if rc == 0 else None
+    return fabric_manager_version(out + err) if rc == 0 else None
 
 
 def main() -> None:

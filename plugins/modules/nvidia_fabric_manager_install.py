@@ -102,16 +102,14 @@ ignored:
 import hashlib
 import json
 import os
-import re
 import shutil
 import tarfile
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import fabric_manager_version
 
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
-# `nv-fabricmanager --version`: "Fabric Manager version is : 580.95.05".
-VERSION = re.compile(r"version is\s*:\s*(\d+\.\d+(?:\.\d+)?)")
 REQUIRED = ("bin/nv-fabricmanager", "bin/nvidia-fabricmanager-start.sh", "lib/libnvfm.so.1",
             "etc/fabricmanager.cfg", "systemd/nvidia-fabricmanager.service")
 UNIT = "systemd/nvidia-fabricmanager.service"
@@ -184,8 +182,7 @@ def staged_version(module: AnsibleModule, data: bytes, staging: str) -> str | No
         rc, out, err = module.run_command([binary, "--version"], environ_update=C_LOCALE)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    found = VERSION.search(out + err) if rc == 0 else None
-    return found.group(1) if found else None
+    return fabric_manager_version(out + err) if rc == 0 else None
 
 
 def put(path: str, data: bytes, mode: int) -> None:

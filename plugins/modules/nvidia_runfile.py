@@ -221,6 +221,7 @@ log_tail:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import nvcc_release
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import loaded_driver_state
 from ansible_collections.gpufleet.fleet.plugins.module_utils.runfile import (
     DOWNGRADE,
@@ -238,7 +239,6 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.runfile import (
     installed_toolkit,
     loaded_driver_from_kernel,
     packaged_driver,
-    parse_nvcc_release,
     settle_unmanaged,
     tail,
     toolkit_flags,
@@ -299,7 +299,7 @@ def unmanaged_install(module: AnsibleModule, kind: str, prefix: str | None) -> s
     if not os.path.exists(nvcc):
         return None
     rc, out, err = module.run_command([nvcc, "--version"], environ_update=LOCALE_ENV)
-    return parse_nvcc_release(out) if rc == 0 else None
+    return nvcc_release(out) if rc == 0 else None
 
 
 def detect(kind: str, prefix: str | None) -> str | None:

@@ -154,11 +154,6 @@ def test_parse_toolkit_version_json() -> None:
     assert runfile.parse_toolkit_version_json('{"cuda_nvcc": {"version": "12.8.93"}}') is None
 
 
-def test_parse_nvcc_release_from_the_real_h200_output() -> None:
-    assert runfile.parse_nvcc_release("Cuda compilation tools, release 13.0, V13.0.88") == "13.0"
-    assert runfile.parse_nvcc_release("nvcc: command not found") is None
-
-
 @pytest.mark.parametrize(
     ("kind", "name", "version"),
     [
