@@ -1,7 +1,8 @@
 """`gpufleet upgrade` and `gpufleet cordon` on the lab (issue 13): a rollout whose first node fails its health
 gate stops there, with that node rolled back to what it served before and serving again, and the next node
 untouched; a cordoned node is skipped by the rollout, refused when named without --force, and still cordoned
-afterwards. The declaration change of each test is a host_vars file beside the lab inventory, removed after.
+afterwards; an instance out of service before an upgrade is out of service after it. The declaration change of
+each test is a host_vars file beside the lab inventory, removed after.
 
 Two nodes are enough (the suite's shared lab has two); the failing node is the first, so the second is the
 "untouched" one of the issue's three-node case.
@@ -131,3 +132,23 @@ def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
         result = gpufleet(tmp_path, "uncordon", "-i", str(inventory), cordoned)
     assert result.returncode == 0, result.stdout + result.stderr
     assert state(inventory, cordoned, THROUGH_PROXY).split() == ["200", "not-drained"]
+
+
+def test_an_instance_out_of_service_before_an_upgrade_stays_so(
+        lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path: Path) -> None:
+    node = sorted(lab_hosts)[0]
+    state(lab_inventory, node, "systemctl stop vllm@greedy")
+    try:
+        # The stopped instance is the serve layer's drift, so the upgrade rebuilds serve on the node; that layer
+        # starts every declared instance, and the upgrade must take greedy out of service again.
+        result = gpufleet(tmp_path, "upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve")
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-6000:]
+        assert re.search(rf"upgrade: {node}: upgraded \(layers serve, [0-9.]+ s\)", output), output[-6000:]
+        assert state(lab_inventory, node, "systemctl is-active vllm@main vllm@greedy || true").split() == [
+            "active", "inactive"]
+        assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
+    finally:
+        result = gpufleet(tmp_path, "provision", "-i", str(lab_inventory), "--limit", node, "--tags", "serve")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr
+    assert state(lab_inventory, node, RUNNING).splitlines()[:2] == ["active", "active"]
