@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import open_url
+from ansible_collections.gpufleet.fleet.plugins.module_utils.digests import sha256_file
 
 DPKG_STATUS = "/var/lib/dpkg/status"
 # A diff longer than this is cut: the report shows where files differ, the host keeps the whole file.
@@ -91,14 +92,6 @@ def require(spec: dict, *keys: str) -> None:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def short_hash(digest: str) -> str:

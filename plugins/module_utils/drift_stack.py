@@ -25,9 +25,9 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import
     Finding,
     check_service,
     require,
-    sha256_file,
     short_hash,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.digests import sha256_file, sha256_stream
 from ansible_collections.gpufleet.fleet.plugins.module_utils.fabric_manager import (
     NVSWITCH_DEVICES, UNIT, count_nvswitches,
 )
@@ -364,11 +364,10 @@ def record_entries(venv: str) -> dict[str, list[tuple[str, int, float]]]:
 
 
 def record_digest(path: str) -> str:
-    digest = hashlib.sha256()
+    """The sha256 as pip's RECORD writes it: urlsafe base64 without padding."""
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+        digest = sha256_stream(handle).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 def installed_file_findings(venv: str, label: str) -> list[Finding]:
@@ -573,10 +572,7 @@ def model_file_findings(label: str, version_dir: str, archive: str, strip: int, 
 def compare_member(label: str, tar: tarfile.TarFile, member: tarfile.TarInfo, version_dir: str,
                    relative: str) -> list[Finding]:
     """One tar member against the staged file, by sha256 (the member is streamed, never unpacked)."""
-    digest = hashlib.sha256()
-    stream = tar.extractfile(member)
-    for block in iter(lambda: stream.read(1 << 20), b""):
-        digest.update(block)
+    digest = sha256_stream(tar.extractfile(member))
     path = os.path.join(version_dir, relative)
     if not os.path.isfile(path):
         return [Finding(label, f"file {relative}", short_hash(digest.hexdigest()), "absent")]

@@ -99,7 +99,6 @@ ignored:
   returned: success
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -107,6 +106,7 @@ import tarfile
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.digests import sha256_file
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import fabric_manager_version
 
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
@@ -130,14 +130,6 @@ def destination(member: str, params: dict) -> tuple[str, int] | None:
     if member == "LICENSE":
         return os.path.join(params["docdir"], "LICENSE"), 0o644
     return None
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_archive(path: str, version: str) -> dict[str, bytes]:
@@ -232,7 +224,7 @@ def main() -> None:
             module.exit_json(changed=True, files=[], unit_changed=True,
                              msg="would install fabric manager %s (its archive is not fetched in check mode)" % version)
         module.fail_json(msg="the fabric manager archive %s is missing" % archive, files=[], unit_changed=False)
-    found = sha256_of(archive)
+    found = sha256_file(archive)
     if found != pinned:
         module.fail_json(msg="%s has sha256 %s, expected %s: not used" % (archive, found, pinned),
                          files=[], unit_changed=False)
