@@ -237,8 +237,14 @@ def up(config: LabConfig, count: int, timeout: float, releases: Sequence[OsRelea
             if probe.state == "degraded":
                 result.notes.append(f"{host.name} is degraded; failed units:\n{hostlib.failed_units(config, host)}")
 
+        # The first two hosts form the lab's Ray cluster, on a link of their own.
+        cluster = hosts[:2] if len(hosts) >= 2 else []
+        if cluster and network.ensure_cluster_link(cluster[0].name, cluster[1].name):
+            result.notes.append(f"cluster link {cluster[0].name} <-> {cluster[1].name} made")
+        cluster_addresses = dict(zip((h.name for h in cluster), network.CLUSTER_ADDRESSES))
         rows = [inventory.InventoryHost(h.name, str(h.address.host), mirror.host_mirror_url(h.address),
-                                        host_images[h.name].release.name, rootfs.python_interpreter(h.rootfs))
+                                        host_images[h.name].release.name, rootfs.python_interpreter(h.rootfs),
+                                        cluster_addresses.get(h.name, ""))
                 for h in hosts]
         inventory.write(config.inventory_path, inventory.render(config, rows))
     return result

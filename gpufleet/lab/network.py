@@ -71,6 +71,35 @@ def create_host_network(name: str, veth: str, address: HostAddress) -> None:
     _ip("-n", name, "route", "add", "default", "via", str(address.gateway))
 
 
+# The lab's cluster network (role ray_cluster): a veth pair straight between the first two hosts' namespaces,
+# never through the controller (which forwards nothing). It lives in those namespaces only, so every lab can
+# use the same addresses.
+CLUSTER_IFNAME = "cluster0"
+CLUSTER_ADDRESSES = ("10.254.0.1", "10.254.0.2")
+CLUSTER_PREFIXLEN = 30
+
+
+def _has_address(namespace: str, address: str) -> bool:
+    result = _ip("-n", namespace, "-json", "-4", "addr", "show", "dev", CLUSTER_IFNAME, check=False)
+    links = json.loads(result.stdout or "[]") if result.returncode == 0 else []
+    return any("UP" in link.get("flags", []) and any(info.get("local") == address for info in link.get("addr_info", []))
+               for link in links)
+
+
+def ensure_cluster_link(first: str, second: str) -> bool:
+    """The cluster link between namespaces `first` and `second`, made again when either end is missing or
+    down (a host's namespace made anew takes its end with it); True when it was made."""
+    if _has_address(first, CLUSTER_ADDRESSES[0]) and _has_address(second, CLUSTER_ADDRESSES[1]):
+        return False
+    for namespace in (first, second):
+        _ip("-n", namespace, "link", "del", CLUSTER_IFNAME, check=False)
+    _ip("link", "add", CLUSTER_IFNAME, "netns", first, "type", "veth", "peer", "name", CLUSTER_IFNAME, "netns", second)
+    for namespace, address in zip((first, second), CLUSTER_ADDRESSES):
+        _ip("-n", namespace, "addr", "add", f"{address}/{CLUSTER_PREFIXLEN}", "dev", CLUSTER_IFNAME)
+        _ip("-n", namespace, "link", "set", CLUSTER_IFNAME, "up")
+    return True
+
+
 def delete_host_network(name: str, veth: str) -> list[str]:
     """Removes the veth pair and the namespace if present; returns what was removed."""
     removed = []
