@@ -1,7 +1,8 @@
 """The controller side of the version-chain check: load the knowledge base and the one validator.
 
-The validator lives in plugins/module_utils/stack_chain.py because the same file is shipped to hosts
-inside Ansible modules; the CLI imports that very file (not a copy) by its collection path.
+The validator lives in plugins/module_utils (stack_spec.py reads a stack, stack_declared.py checks it) because the
+same files are shipped to hosts inside Ansible modules; the CLI imports those very files (not copies) by their
+collection path.
 """
 
 from __future__ import annotations
@@ -24,9 +25,14 @@ def load_module_util(name: str) -> ModuleType:
     return collection.module_util(name)
 
 
-def stack_chain() -> ModuleType:
-    """The validator module (plugins/module_utils/stack_chain.py)."""
-    return load_module_util("stack_chain")
+def stack_spec() -> ModuleType:
+    """The stack description's checker (plugins/module_utils/stack_spec.py: normalize_stack, StackError)."""
+    return load_module_util("stack_spec")
+
+
+def stack_declared() -> ModuleType:
+    """The declared stack's validator (plugins/module_utils/stack_declared.py: validate_stack)."""
+    return load_module_util("stack_declared")
 
 
 def stack_kb() -> ModuleType:
@@ -66,8 +72,8 @@ def read_stack_file(path: Path) -> dict[str, Any]:
         ) from error
     except yaml.YAMLError as error:
         raise GpufleetError(f"stack file {path} is not valid YAML: {error}", INVALID_EXIT_CODE) from error
-    chain = stack_chain()
+    spec = stack_spec()
     try:
-        return chain.normalize_stack(raw)
-    except chain.StackError as error:
+        return spec.normalize_stack(raw)
+    except spec.StackError as error:
         raise GpufleetError(f"stack file {path}: {error}", INVALID_EXIT_CODE) from error

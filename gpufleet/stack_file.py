@@ -4,7 +4,7 @@ A stack file describes one node in a dozen lines. Anything far from that shape i
 StackFileError before it can cost time or memory: the size is capped before parsing, the YAML event stream
 (PyYAML's parser is iterative) is checked for depth, node count, scalar length and anchors before the
 recursive composer builds anything, duplicate keys are refused instead of silently taking the last, and the
-result goes through the one validator (stack_chain.normalize_stack), whose version patterns are ASCII only.
+result goes through the one validator (stack_spec.normalize_stack), whose version patterns are ASCII only.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def load_stack_file(path: Path | str) -> dict[str, Any]:
     text = _read_text(path)
     _check_events(path, text)
     raw = _construct(path, text)
-    chain = compat.stack_chain()
+    spec = compat.stack_spec()
     try:
-        return chain.normalize_stack(raw)
-    except chain.StackError as error:
+        return spec.normalize_stack(raw)
+    except spec.StackError as error:
         raise StackFileError(path, f"is not a valid stack: {error}") from error
 
 

@@ -180,12 +180,12 @@ def declared_venv(variables: dict[str, Any], source: str) -> dict[str, Any] | No
         return variables[STACK_VARIABLE]
     if "gpufleet_stack" not in variables:
         return None
-    chain = compat.stack_chain()
+    spec = compat.stack_spec()
     try:
-        stack = chain.normalize_stack(variables["gpufleet_stack"])
-    except chain.StackError as error:
+        stack = spec.normalize_stack(variables["gpufleet_stack"])
+    except spec.StackError as error:
         raise GpufleetError(f"{source}: gpufleet_stack is invalid: {error}") from None
-    report = chain.validate_stack(stack, compat.load_knowledge_base())
+    report = compat.stack_declared().validate_stack(stack, compat.load_knowledge_base())
     if report["errors"]:
         raise GpufleetError(f"{source}: the declared stack is not compatible: "
                             + " | ".join(f"[{item['link']}] {item['message']}" for item in report["errors"]))

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         return run_inventory(args)
     stack = load_stack_file(args.stack)
     kb = compat.load_knowledge_base(args.kb_dir)
-    report = compat.stack_chain().validate_stack(stack, kb)
+    report = compat.stack_declared().validate_stack(stack, kb)
     document = plan_document(args.stack, kb, report)
     emit(json.dumps(document, indent=2, sort_keys=True) if args.json else render(document))
     return 0 if report["compatible"] else INCOMPATIBLE_EXIT_CODE

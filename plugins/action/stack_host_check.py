@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 """Action plugin for the stack_host_check module: fill `compat_facts` from the controller's knowledge base
-(data/compat), then run the module on the host. The check itself is plugins/module_utils/stack_chain.py."""
+(data/compat), then run the module on the host. The check itself is plugins/module_utils/stack_host.py."""
 
 from __future__ import annotations
 

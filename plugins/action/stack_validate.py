@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 """Action plugin stack_validate: check the declared GPU stack on the controller, before any host changes.
 
-It runs plugins/module_utils/stack_chain.py (the validator the CLI `gpufleet plan` and the on-host
-stack_host_check module use too) against the knowledge base in data/compat. It never contacts the host,
+It runs plugins/module_utils/stack_declared.py (the validator the CLI `gpufleet plan` uses too; the on-host
+stack_host_check module checks the same links with stack_host.py) against the knowledge base in data/compat. It never contacts the host,
 never changes anything and works the same in check mode. Documentation: plugins/modules/stack_validate.py.
 """
 

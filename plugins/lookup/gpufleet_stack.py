@@ -47,7 +47,7 @@ import os
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_artifacts, stack_chain, stack_kb
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_artifacts, stack_declared, stack_kb, stack_spec
 
 _CACHE = {}
 
@@ -95,8 +95,8 @@ def _compute(inputs: dict) -> dict:
                          "inventory's group_vars (see inventories/example)"}
     try:
         kb = stack_kb.load_kb(kb_dir())
-        report = stack_chain.validate_stack(stack_chain.normalize_stack(inputs["stack"]), kb)
-    except (stack_chain.StackError, stack_kb.KnowledgeBaseError) as error:
+        report = stack_declared.validate_stack(stack_spec.normalize_stack(inputs["stack"]), kb)
+    except (stack_spec.StackError, stack_kb.KnowledgeBaseError) as error:
         return {"report": None, "resolved": None, "error": "gpufleet_stack is invalid: %s" % error}
     if report["errors"]:
         return {"report": report, "resolved": None,

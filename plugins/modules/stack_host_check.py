@@ -146,7 +146,8 @@ host:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_chain import StackError, check_host
+from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_host import check_host
+from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_spec import StackError
 
 ARGUMENT_SPEC = dict(
     driver_version=dict(type="str"),

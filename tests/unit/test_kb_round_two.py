@@ -17,7 +17,8 @@ from packaging.version import Version
 
 from gpufleet import PROJECT_ROOT, compat, compat_refresh
 
-CHAIN = compat.stack_chain()
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_declared, stack_spec, stack_versions
+
 KB = compat.load_knowledge_base()
 KB_DIR = PROJECT_ROOT / "data" / "compat"
 
@@ -156,7 +157,7 @@ BAD = [
 
 
 def validate(raw):
-    return CHAIN.validate_stack(CHAIN.normalize_stack(raw), KB)
+    return stack_declared.validate_stack(stack_spec.normalize_stack(raw), KB)
 
 
 def test_at_least_forty_new_stacks():
@@ -219,8 +220,8 @@ VERSIONS = ["0.10.0rc1", "0.10.0.post1", "0.10.0", "0.10.0.dev1", "0.10.0a1", "0
 
 
 def test_version_order_is_pep_440():
-    assert sorted(VERSIONS, key=CHAIN.version_key) == sorted(VERSIONS, key=Version)
-    assert CHAIN.version_key("0.10.0rc1") < CHAIN.version_key("0.10.0.post1")
+    assert sorted(VERSIONS, key=stack_versions.version_key) == sorted(VERSIONS, key=Version)
+    assert stack_versions.version_key("0.10.0rc1") < stack_versions.version_key("0.10.0.post1")
     assert compat_refresh.release_key("0.10.0rc1") < compat_refresh.release_key("0.10.0.post1")
 
 
@@ -233,7 +234,7 @@ def test_version_order_is_pep_440():
 ])
 def test_specifiers_follow_packaging(specifier, version, expected):
     from packaging.specifiers import SpecifierSet
-    assert CHAIN.specifier_allows(specifier, version) is expected
+    assert stack_versions.specifier_allows(specifier, version) is expected
     assert SpecifierSet(specifier, prereleases=True).contains(version) is expected
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import PROJECT_ROOT, compat
+from gpufleet import PROJECT_ROOT
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils import nvidia_versions
+from ansible_collections.gpufleet.fleet.plugins.module_utils import nvidia_versions, stack_host, stack_spec
 from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import ArchError, parse_capability
 
 REAL = PROJECT_ROOT / "tests" / "fixtures" / "h200-real"
@@ -102,10 +102,9 @@ def test_callers_share_the_parser() -> None:
     assert parse_capability("sm_90") == (9, 0)
     with pytest.raises(ArchError):
         parse_capability("compute_90")
-    chain = compat.stack_chain()
-    with pytest.raises(chain.StackError, match="'sm_9' is not a compute capability"):
-        chain.normalize_host_facts({"gpu_compute_capabilities": ["sm_9"]})
-    facts = chain.normalize_host_facts({"driver_cuda_version": "13000", "nvcc_version": H200_NVCC,
+    with pytest.raises(stack_spec.StackError, match="'sm_9' is not a compute capability"):
+        stack_host.normalize_host_facts({"gpu_compute_capabilities": ["sm_9"]})
+    facts = stack_host.normalize_host_facts({"driver_cuda_version": "13000", "nvcc_version": H200_NVCC,
                                         "gpu_compute_capabilities": ["SM_90", "compute_120", [8, 6]]})
     assert (facts["driver_cuda_version"], facts["nvcc_version"]) == ("13.0", "13.0")
     assert facts["gpu_compute_capabilities"] == ["9.0", "12.0", "8.6"]

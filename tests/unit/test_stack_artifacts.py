@@ -16,7 +16,7 @@ from gpufleet import PROJECT_ROOT, compat
 
 artifacts = compat.load_module_util("stack_artifacts")
 conflicts = compat.load_module_util("stack_conflicts")
-chain = compat.stack_chain()
+spec = compat.stack_spec()
 KB = compat.load_knowledge_base()
 MIRROR = "https://mirror.invalid/gpufleet"
 LAB_STACK = yaml.safe_load((PROJECT_ROOT / "inventories/lab/group_vars/all/stack.yml").read_text())
@@ -24,7 +24,7 @@ PINS = {"NVIDIA-Linux-x86_64-580.95.05.run": "ab" * 32, "pyenv-2.6.30.tar.gz": "
 
 
 def resolve(stack: dict, **options: object) -> dict:
-    return artifacts.resolve(chain.normalize_stack(stack), KB, MIRROR, PINS, **options)
+    return artifacts.resolve(spec.normalize_stack(stack), KB, MIRROR, PINS, **options)
 
 
 def test_the_lab_stack_resolves_to_its_runfiles_cpython_and_venv() -> None:
@@ -84,7 +84,7 @@ def test_a_toolkit_without_a_runfile_row_is_refused_with_the_releases_known() ->
 
 
 def test_a_missing_mirror_and_a_malformed_pin_are_refused() -> None:
-    stack = chain.normalize_stack(LAB_STACK["gpufleet_stack"])
+    stack = spec.normalize_stack(LAB_STACK["gpufleet_stack"])
     with pytest.raises(artifacts.ArtifactError, match="gpufleet_mirror_url is not set: declare the artifact mirror once"):
         artifacts.resolve(stack, KB, "", PINS)
     with pytest.raises(artifacts.ArtifactError, match=r"gpufleet_artifact_sha256\['NVIDIA-Linux-x86_64-580.95.05.run'\] "
@@ -105,7 +105,7 @@ def test_flash_attn_of_the_stack_is_built_from_its_sdist_on_the_mirror() -> None
     stack = {"gpu": "H100", "driver": "575.57.08", "cuda": "12.8", "python": "3.12", "torch": "2.10.0",
              "torch_variant": "cu128", "vllm": "0.19.1", "flash_attn": "2.8.3"}
     pins = {"NVIDIA-Linux-x86_64-575.57.08.run": "ab" * 32, "flash_attn-2.8.3.tar.gz": "ef" * 32}
-    (kernel,) = artifacts.resolve(chain.normalize_stack(stack), KB, MIRROR, pins)["kernels"]
+    (kernel,) = artifacts.resolve(spec.normalize_stack(stack), KB, MIRROR, pins)["kernels"]
     assert kernel == {"name": "flash-attn", "version": "2.8.3", "url": f"{MIRROR}/sdists/flash_attn-2.8.3.tar.gz",
                       "sha256": "ef" * 32, "import_name": "flash_attn", "env": {"FLASH_ATTENTION_FORCE_BUILD": "TRUE"}}
 

@@ -1,4 +1,4 @@
-"""The version-chain validator (plugins/module_utils/stack_chain.py) against the real knowledge base.
+"""The version-chain validator (plugins/module_utils/stack_declared.py, stack_host.py) against the real knowledge base.
 
 Every stack below is built from rows of data/compat (vllm.csv pins, torch.csv variants, cuda_driver.csv
 drivers, gpus.csv, flash_attn.csv). A bad stack asserts the specific link that breaks and that its message
@@ -15,9 +15,10 @@ import yaml
 
 from gpufleet import PROJECT_ROOT, compat
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_declared, stack_host, stack_spec
+
 FIXTURES = Path(__file__).parent / "fixtures" / "compat"
 
-CHAIN = compat.stack_chain()
 KB = compat.load_knowledge_base()
 
 
@@ -32,7 +33,7 @@ def stack(**overrides):
 
 
 def validate(raw):
-    return CHAIN.validate_stack(CHAIN.normalize_stack(raw), KB)
+    return stack_declared.validate_stack(stack_spec.normalize_stack(raw), KB)
 
 
 # (id, stack, expected warning links) — each must validate with no error.
@@ -192,8 +193,8 @@ def test_facts_cite_the_rows_used():
     (dict(stack(), flash_atn="2.8.3"), "unknown key(s) flash_atn"),
 ])
 def test_malformed_stack_is_one_clear_line(raw, needle):
-    with pytest.raises(CHAIN.StackError) as caught:
-        CHAIN.normalize_stack(raw)
+    with pytest.raises(stack_spec.StackError) as caught:
+        stack_spec.normalize_stack(raw)
     assert needle in str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -231,7 +232,7 @@ def test_the_real_h200_capture_is_consistent_with_its_stack():
     """Facts captured on the H200 device machine (nvidia-smi, torch 2.11.0+cu130, nvcc 13.0.88)."""
     capture = json.loads((FIXTURES / "h200-stack-facts.json").read_text(encoding="utf-8"))
     declared = yaml.safe_load((PROJECT_ROOT / "stacks" / "h200-device.yml").read_text(encoding="utf-8"))
-    report = CHAIN.check_host(capture["facts"], KB, stack=declared)
+    report = stack_host.check_host(capture["facts"], KB, stack=declared)
     assert report["errors"] == [] and report["warnings"] == []
     assert report["host"]["nvcc_version"] == "13.0"
     assert capture["host_check"]["compatible"] is True
@@ -246,7 +247,7 @@ def test_sourced_arch_list_is_used_by_the_plan():
 
 
 def test_host_h200_facts_are_consistent_with_its_stack():
-    report = CHAIN.check_host(host(), KB, stack=stack())
+    report = stack_host.check_host(host(), KB, stack=stack())
     assert report["errors"] == [] and report["warnings"] == []
     assert report["host"]["driver_cuda_version"] == "13.0"
     assert report["host"]["nvcc_version"] == "13.0"
@@ -260,19 +261,19 @@ def test_host_h200_facts_are_consistent_with_its_stack():
     ({"nvcc_version": "12.8"}, "cuda -> torch", ["nvcc 12.8", "13.0"]),
 ])
 def test_host_broken_links(overrides, link, needles):
-    report = CHAIN.check_host(host(**overrides), KB)
+    report = stack_host.check_host(host(**overrides), KB)
     messages = [error["message"] for error in report["errors"] if error["link"] == link]
     assert any(all(needle in message for needle in needles) for message in messages), report["errors"]
 
 
 def test_host_ptx_only_coverage_is_a_warning():
-    report = CHAIN.check_host(host(torch_arch_list=["sm_80", "compute_80"]), KB)
+    report = stack_host.check_host(host(torch_arch_list=["sm_80", "compute_80"]), KB)
     assert report["compatible"] is True
     assert any("PTX" in item["message"] for item in report["warnings"])
 
 
 def test_host_drift_from_the_declared_stack():
-    report = CHAIN.check_host(host(), KB, stack=stack(driver="580.95.05", cuda="12.8", torch_variant="cu128",
+    report = stack_host.check_host(host(), KB, stack=stack(driver="580.95.05", cuda="12.8", torch_variant="cu128",
                                                       torch="2.9.0", gpu=["NVIDIA A100"]))
     drift = [error["message"] for error in report["errors"] if error["link"] == "stack -> host"]
     assert any("580.159.04" in message and "580.95.05" in message for message in drift)
@@ -282,11 +283,11 @@ def test_host_drift_from_the_declared_stack():
 
 
 def test_host_facts_with_a_bad_value_are_rejected():
-    with pytest.raises(CHAIN.StackError):
-        CHAIN.check_host(host(driver_version="five-eighty"), KB)
+    with pytest.raises(stack_spec.StackError):
+        stack_host.check_host(host(driver_version="five-eighty"), KB)
 
 
 def test_one_gpu_model_may_be_a_plain_string():
     # As Ansible's own list options accept a scalar: `gpu: H100` is the list of that one GPU.
-    assert CHAIN.normalize_stack(dict(stack(), gpu="H100"))["gpu"] == ["H100"]
-    assert CHAIN.normalize_stack(dict(stack(), gpu=" H200 "))["gpu"] == ["H200"]
+    assert stack_spec.normalize_stack(dict(stack(), gpu="H100"))["gpu"] == ["H100"]
+    assert stack_spec.normalize_stack(dict(stack(), gpu=" H200 "))["gpu"] == ["H200"]

@@ -57,7 +57,7 @@ def test_a_10_mb_file_is_refused_at_once(tmp_path: Path) -> None:
 def test_many_gpus_are_not_deduplicated_quadratically(tmp_path: Path) -> None:
     # The most entries the reader lets through, all one model: the validator answers with one GPU model.
     stack = load_stack_file(write(tmp_path, yaml.safe_dump(dict(GOOD, gpu=["NVIDIA H200"] * 1900))))
-    report = compat.stack_chain().validate_stack(stack, compat.load_knowledge_base())
+    report = compat.stack_declared().validate_stack(stack, compat.load_knowledge_base())
     assert len(report["resolved"]["gpus"]) == 1900
     assert sum(fact["id"].startswith("gpu:") for fact in report["facts"]) == 1
 
@@ -153,7 +153,7 @@ def value_mutations(rng: random.Random, count: int) -> list[str]:
 def test_fuzzed_stack_files_never_traceback(tmp_path: Path) -> None:
     rng = random.Random(20261201)
     kb = compat.load_knowledge_base()
-    chain = compat.stack_chain()
+    declared = compat.stack_declared()
     outcomes = {"refused": 0, "validated": 0}
     base = yaml.safe_dump(GOOD, default_flow_style=False)
     for text in mutations(rng, base, 300) + value_mutations(rng, 500):
@@ -164,7 +164,7 @@ def test_fuzzed_stack_files_never_traceback(tmp_path: Path) -> None:
             assert "\n" not in str(error)
             outcomes["refused"] += 1
             continue
-        report = chain.validate_stack(stack, kb)
+        report = declared.validate_stack(stack, kb)
         assert isinstance(report["compatible"], bool)
         outcomes["validated"] += 1
     print(f"fuzz: {outcomes}")
@@ -174,8 +174,7 @@ def test_fuzzed_stack_files_never_traceback(tmp_path: Path) -> None:
 
 def test_distinct_gpus_are_found_in_linear_time() -> None:
     # 100000 entries (what a 10 MB file of "- '9.0'" lines holds): the old pairwise scan took hours here.
-    chain = compat.stack_chain()
-    stack = chain.normalize_stack(dict(GOOD, gpu=["9.0"] * 100_000))
-    report = chain.validate_stack(stack, compat.load_knowledge_base())
+    stack = compat.stack_spec().normalize_stack(dict(GOOD, gpu=["9.0"] * 100_000))
+    report = compat.stack_declared().validate_stack(stack, compat.load_knowledge_base())
     assert len(report["resolved"]["gpus"]) == 100_000
     assert [fact["id"] for fact in report["facts"] if fact["id"].startswith("cc:")] == ["cc:9.0"]
