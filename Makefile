@@ -33,6 +33,7 @@ deps:
 	scripts/install-deps.sh
 
 lint: venv
+	$(VENV)/bin/ruff check
 	$(VENV)/bin/ansible-lint
 
 unit: venv

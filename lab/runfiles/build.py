@@ -224,7 +224,7 @@ def build_fabric_manager(version: str) -> Runfile:
     if built:
         target.parent.mkdir(parents=True, exist_ok=True)
         source = HERE / "fabricmanager"
-        members = {f"bin/nv-fabricmanager": ((source / "nv-fabricmanager.in").read_text()
+        members = {"bin/nv-fabricmanager": ((source / "nv-fabricmanager.in").read_text()
                                              .replace("@VERSION@", version).encode(), 0o755),
                    "LICENSE": (MARKER_TEXT.format(what=f"NVIDIA's fabric manager archive {name}").encode(), 0o644)}
         members.update({path: ((source / file).read_bytes(), mode) for path, (file, mode) in FABRIC_MANAGER_FILES.items()})

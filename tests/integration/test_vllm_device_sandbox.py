@@ -29,7 +29,7 @@ from conftest import AnsibleRunner
 
 # The model of systemd's rules lives beside the unit test that applies it to the H200.
 sys.path.insert(0, str(PROJECT_ROOT / "tests" / "unit"))
-from systemd_devices import Node, denied_nodes, device_rules, listed_nodes  # noqa: E402
+from systemd_devices import denied_nodes, device_rules, listed_nodes  # noqa: E402
 
 BIN = Path(sys.executable).parent
 H200 = (PROJECT_ROOT / "tests" / "fixtures" / "h200-proc-devices").read_text()

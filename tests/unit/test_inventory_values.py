@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_inventory import unsafe_values
+
+REPO = Path(__file__).resolve().parents[2]
 
 SECRET = "instance-secret-0123456789abcdef"
 INSTANCE = {"name": "main", "model": "/var/lib/gpufleet/models/tiny", "port": 8000, "gpus": [0]}

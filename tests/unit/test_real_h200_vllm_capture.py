@@ -26,9 +26,10 @@ import pytest
 
 from gpufleet import PROJECT_ROOT
 
-MODULE_UTILS = PROJECT_ROOT / "plugins" / "module_utils"
 from ansible_collections.gpufleet.fleet.plugins.module_utils import openai_http
 from ansible_collections.gpufleet.fleet.plugins.module_utils import torch_probe
+
+MODULE_UTILS = PROJECT_ROOT / "plugins" / "module_utils"
 
 CAPTURE = PROJECT_ROOT / "tests" / "fixtures" / "h200-real"
 SERVE = json.loads((CAPTURE / "vllm_serve.json").read_text())

@@ -78,7 +78,7 @@ def _run(tmp_path: Path, spec: dict, fetch: str, check: bool = False) -> subproc
 
 
 def _recap_changed(output: str) -> int:
-    line = next(l for l in output.splitlines() if l.startswith("localhost") and "changed=" in l)
+    line = next(row for row in output.splitlines() if row.startswith("localhost") and "changed=" in row)
     return int(line.split("changed=")[1].split()[0])
 
 

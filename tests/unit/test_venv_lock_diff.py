@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 from ansible_collections.gpufleet.fleet.plugins.module_utils import pip_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.pip_lock import (
     Lock, LockEntry, LockError, diff_against_lock,
 )
-from wheel_factory import make_wheel, sha256  # noqa: E402
+from wheel_factory import make_wheel, sha256
+
+REPO = Path(__file__).resolve().parents[2]
 
 H = "a" * 64
 
