@@ -9,6 +9,8 @@ Formats (real samples in tests/unit/test_nvidia_versions.py):
 - NVML's nvmlSystemGetCudaDriverVersion: 1000 * major + 10 * minor (13000 is CUDA 13.0).
 - `nv-fabricmanager --version`: "Fabric Manager version is : 580.95.05".
 - A compute capability as nvidia-smi's compute_cap prints it ("9.0") or as an arch list names it ("sm_90").
+The files the installers leave (nvidia-installer's record, /proc/driver/nvidia/version, a toolkit's
+version.json) have one reader each, in runfile.py beside the install logic that writes and reads them.
 """
 
 from __future__ import annotations
