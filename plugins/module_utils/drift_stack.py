@@ -32,7 +32,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.fabric_manager impo
     NVSWITCH_DEVICES, UNIT, count_nvswitches,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.kernel_key import (
-    TORCH_PROBE, KernelKeyError, build_key, key_components, parse_nvcc_version,
+    TORCH_PROBE, KernelKeyError, build_key, key_components, parse_nvcc_version, torch_identity,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import fabric_manager_version, nvcc_release
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import (
@@ -423,9 +423,15 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def torch_probe(venv: str, ctx: Context) -> dict:
-    """What a kernel build would link against in this venv (kernel_build_key's probe), once per venv."""
+def torch_probe(venv: str, ctx: Context, marker: dict) -> dict:
+    """What a kernel build would link against in this venv (kernel_build_key's probe), once per venv. The probe
+    the kernel's marker recorded stands while torch's identity is the recorded one: importing torch costs
+    seconds of CPU per node, the identity a few reads."""
     key = ("torch_probe", venv)
+    recorded = marker.get("torch_probe")
+    if key not in ctx.cache and isinstance(recorded, dict) and marker.get("torch_identity"):
+        if marker["torch_identity"] == torch_identity(venv):
+            ctx.cache[key] = recorded
     if key not in ctx.cache:
         python = os.path.join(venv, "bin", "python")
         if not os.path.exists(python):
@@ -448,10 +454,10 @@ def node_arch_list(ctx: Context, library: str | None) -> str:
     return ";".join(sorted({gpu["compute_capability"] for gpu in state["gpus"] if gpu.get("compute_capability")}))
 
 
-def kernel_key(package: dict, spec: dict, ctx: Context) -> str:
+def kernel_key(package: dict, spec: dict, ctx: Context, marker: dict) -> str:
     """The build key the flash_attn role would compute for this node's venv now."""
     venv = spec["venv"]
-    probe = torch_probe(venv, ctx)
+    probe = torch_probe(venv, ctx, marker)
     requires_cuda = bool(package.get("requires_cuda", True))
     nvcc = None
     arch_list = str(spec.get("arch_list") or "")
@@ -476,7 +482,7 @@ def check_kernels(spec: dict, ctx: Context) -> list[Finding]:
             continue
         marker = _read_json(os.path.join(venv, KERNEL_MARKERS, f"{name}.json"))
         try:
-            wanted_key = kernel_key(package, spec, ctx)
+            wanted_key = kernel_key(package, spec, ctx, marker)
         except KernelKeyError as error:
             found.append(Finding(label, "build key", "a key for this venv", str(error)))
             continue

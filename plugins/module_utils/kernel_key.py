@@ -11,8 +11,10 @@ environment: two nodes with the same key can share one wheel; a change of any of
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import os
 import re
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import nvcc_version
@@ -29,6 +31,29 @@ TORCH_PROBE = (
     "    out.update(torch=None, torch_error=f'{type(error).__name__}: {error}')\n"
     "print(json.dumps(out))\n"
 )
+
+def torch_identity(venv: str) -> str | None:
+    """A digest of what the probe's answer depends on: torch's RECORD (each installed file with its hash, rewritten
+    by every install), the venv's pyvenv.cfg and the interpreter binary it runs. The probe recorded with an
+    identity stands for a new probe while the identity is unchanged; None when torch has no RECORD to read."""
+    records = sorted(glob.glob(os.path.join(venv, "lib", "python*", "site-packages", "torch-*.dist-info", "RECORD")))
+    if len(records) != 1:
+        return None
+    digest = hashlib.sha256()
+    for path in (records[0], os.path.join(venv, "pyvenv.cfg")):
+        try:
+            with open(path, "rb") as handle:
+                digest.update(handle.read())
+        except OSError:
+            return None
+    interpreter = os.path.realpath(os.path.join(venv, "bin", "python"))
+    try:
+        stat = os.stat(interpreter)
+    except OSError:
+        return None
+    digest.update(f"{interpreter}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
 
 _ARCH_RE = re.compile(r"^\d+\.\d+(a|f)?(\+PTX)?$")
 

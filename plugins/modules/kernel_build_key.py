@@ -92,6 +92,20 @@ warnings_list:
   returned: always
   type: list
   elements: str
+marker:
+  description: The marker of the build installed in the venv (its key, wheel, origin, torch probe); empty when none.
+  returned: always
+  type: dict
+probe:
+  description: What the venv's interpreter said of itself and its torch (Python, machine, torch, its CUDA, C++ ABI).
+  returned: always
+  type: dict
+torch_identity:
+  description:
+    - A digest of torch's RECORD, the venv's pyvenv.cfg and its interpreter binary, or null without a torch RECORD.
+    - The marker keeps it with the probe, so drift reuses the probe while the identity holds instead of importing torch.
+  returned: always
+  type: str
 """
 
 import json
@@ -105,6 +119,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.kernel_key import (
     check_cuda_build,
     key_components,
     parse_nvcc_version,
+    torch_identity,
 )
 
 VERSION_PROBE = (
@@ -137,15 +152,16 @@ def nvcc_version(module: AnsibleModule, cuda_home: str) -> str | None:
     return parse_nvcc_version(out)
 
 
-def installed_state(module: AnsibleModule, python: str, venv: str, name: str) -> tuple[str, str]:
+def installed_state(module: AnsibleModule, python: str, venv: str, name: str) -> tuple[dict, str]:
+    """The marker of the installed build ({} when none) and the package's installed version."""
     rc, out, dummy = module.run_command([python, "-I", "-c", VERSION_PROBE, name], environ_update={"LC_ALL": "C"})
     version = out.strip() if rc == 0 else ""
     try:
         with open(marker_path(venv, name), encoding="utf-8") as handle:
-            key = str(json.load(handle).get("key", ""))
+            marker = json.load(handle)
     except (OSError, ValueError):
-        key = ""
-    return key, version
+        marker = {}
+    return (marker if isinstance(marker, dict) else {}), version
 
 
 def main() -> None:
@@ -175,12 +191,14 @@ def main() -> None:
     except KernelKeyError as error:
         module.fail_json(msg=str(error), probe=probe)
     key = build_key(components)
-    installed_key, installed_version = installed_state(module, python, p["venv"], package["name"])
+    marker, installed_version = installed_state(module, python, p["venv"], package["name"])
+    installed_key = str(marker.get("key", ""))
     for warning in warnings:
         module.warn(warning)
     module.exit_json(
         changed=False, key=key, components=components, installed_key=installed_key,
         installed_version=installed_version, nvcc=nvcc, warnings_list=warnings,
+        probe=probe, torch_identity=torch_identity(p["venv"]), marker=marker,
         up_to_date=installed_key == key and installed_version == str(package["version"]),
     )
 

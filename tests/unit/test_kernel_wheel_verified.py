@@ -32,7 +32,8 @@ def _run(tmp_path: Path, venv: Path, cache_dir: Path) -> subprocess.CompletedPro
     extra = {
         "repo": str(REPO), "flash_attn_venv": str(venv),
         "__flash_attn_cache_dir": str(cache_dir),
-        "__flash_attn_key": {"key": KEY, "up_to_date": False},
+        "__flash_attn_key": {"key": KEY, "up_to_date": False, "probe": {"python": "3.11.2", "torch": "2.13.0+cpu"},
+                             "torch_identity": None},
         "__flash_attn_package": {"name": "demo-kernel", "version": "1.0", "import_name": "demo_kernel"},
         "__flash_attn_builder": "builder-1", "__flash_attn_built_here": False,
         "artifact_controller_cache": str(tmp_path / "controller-artifacts"),
