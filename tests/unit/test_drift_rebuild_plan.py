@@ -5,7 +5,8 @@ from __future__ import annotations
 from gpufleet.drift_rebuild import plan_rebuild
 from gpufleet.report import FleetReport, ReportBuilder
 
-ALL = ["base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "serve", "proxy"]
+ALL = ["base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "ray_cluster", "serve",
+       "proxy"]
 
 
 def report(statuses: dict[str, str], drift: dict[str, list[dict]] | None = None, unreachable: bool = False,
@@ -49,7 +50,7 @@ def test_layers_that_are_not_declared_are_never_rebuilt() -> None:
 
 
 def test_full_rebuilds_every_declared_layer_with_a_new_venv() -> None:
-    plan = plan_rebuild(report({}, not_declared=("serve", "proxy")), full=True)
+    plan = plan_rebuild(report({}, not_declared=("ray_cluster", "serve", "proxy")), full=True)
     assert plan.layers == ["base", "driver", "toolkit", "python", "venv", "kernels", "model"]
     assert plan.fresh_venv and plan.extravars(False)["rebuild_fresh_venv"] is True
 

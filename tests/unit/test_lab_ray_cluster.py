@@ -5,11 +5,13 @@ by the real ansible-inventory against the lab's own group_vars."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gpufleet import PROJECT_ROOT
@@ -36,11 +38,34 @@ def test_the_first_two_hosts_form_the_ray_group_with_their_link_addresses(tmp_pa
     assert parsed["ray_cluster_lab"]["hosts"] == ["lab-1", "lab-2"]
     hostvars = parsed["_meta"]["hostvars"]
     assert hostvars["lab-2"]["gpufleet_lab_cluster_address"] == "10.254.0.2"
-    assert hostvars["lab-1"]["ray_cluster_group"] == "ray_cluster_lab"
-    assert "ray_cluster_group" not in hostvars["lab-3"] and "gpufleet_lab_cluster_address" not in hostvars["lab-3"]
+    assert hostvars["lab-1"]["ray_cluster_networks"] == ["10.254.0.0/30"]
+    assert "ray_cluster_head" not in hostvars["lab-3"] and "gpufleet_lab_cluster_address" not in hostvars["lab-3"]
+    # Formed on demand (-e ray_cluster_group=ray_cluster_lab): the suite's other tests run without Ray.
+    assert "ray_cluster_group" not in hostvars["lab-1"]
 
 
 def test_a_one_host_lab_has_no_ray_group(tmp_path: Path) -> None:
     config = LabConfig(cache_dir=tmp_path / "c", lab_dir=tmp_path / "l", prefix="lab", inventory_path=tmp_path / "h.yml")
     document = yaml.safe_load(inventory.render(config, rows(())[:1]))
     assert list(document["all"]["children"]) == ["gpu_nodes"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")
+def test_the_cluster_link_joins_two_namespaces_once_and_is_made_again_when_one_end_is_gone() -> None:
+    first, second = f"gft-{os.getpid()}-a", f"gft-{os.getpid()}-b"
+    try:
+        for name in (first, second):
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        assert network.ensure_cluster_link(first, second) is True
+        assert network.ensure_cluster_link(first, second) is False, "an intact link is left alone"
+        for name, address in zip((first, second), network.CLUSTER_ADDRESSES):
+            shown = subprocess.run(["ip", "-n", name, "-br", "addr", "show", "dev", network.CLUSTER_IFNAME],
+                                   capture_output=True, text=True, check=True).stdout
+            assert f"{address}/{network.CLUSTER_PREFIXLEN}" in shown and " UP " in shown
+        # A host made anew gets a new namespace: its end of the pair is gone, and so is the peer.
+        subprocess.run(["ip", "netns", "del", second], check=True)
+        subprocess.run(["ip", "netns", "add", second], check=True)
+        assert network.ensure_cluster_link(first, second) is True
+    finally:
+        for name in (first, second):
+            subprocess.run(["ip", "netns", "del", name], check=False)

@@ -47,7 +47,8 @@ def test_verify_follows_the_layers_that_can_break_a_link() -> None:
 
 def test_the_cli_reads_the_registry() -> None:
     assert drift.LAYERS == layers.names() == (
-        "base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "serve", "proxy")
+        "base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "ray_cluster", "serve",
+        "proxy")
     assert drift_rebuild.REBUILDABLE == tuple(name for name in layers.names() if name != "gpu_health")
     assert drift_rebuild.PROVIDED_BY == {"gpu_health": "driver"}
     assert drift_rebuild.DEPENDENTS["python"] == ("venv",)
