@@ -29,7 +29,7 @@ PLAYBOOK = """
   tasks:
     - name: A venv without torch
       ansible.builtin.command:
-        argv: [/usr/bin/python3.11, -m, venv, --without-pip, "{{ venv }}"]
+        argv: ["{{ ansible_python_interpreter }}", -m, venv, --without-pip, "{{ venv }}"]
         creates: "{{ venv }}/bin/python"
     - name: The kernel role against it
       block:

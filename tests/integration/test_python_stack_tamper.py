@@ -1,7 +1,7 @@
 """A tampered wheel on the lab mirror is refused by the node; the genuine one installs.
 
 Runs the real pip_lock module over SSH on the first lab host against a small wheelhouse published on the lab mirror,
-with the host's own Debian Python (python3.11-venv gives it ensurepip), so it needs only `gpufleet lab up`.
+with the host's own Debian Python (its python3.N-venv gives it ensurepip), so it needs only `gpufleet lab up`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ PLAYBOOK = """
   tasks:
     - name: Give the host's Python its ensurepip
       ansible.builtin.apt:
-        name: python3.11-venv
+        name: "{{ ansible_python_interpreter | basename }}-venv"
         state: present
         update_cache: true
         cache_valid_time: 3600
@@ -46,7 +46,7 @@ PLAYBOOK = """
     - name: Install the lock from the mirror
       gpufleet.fleet.pip_lock:
         venv: "{{ venv }}"
-        python: /usr/bin/python3.11
+        python: "{{ ansible_python_interpreter }}"
         lock: "{{ lock }}"
         find_links: "{{ gpufleet_mirror_url }}{{ url_path }}"
       register: result
