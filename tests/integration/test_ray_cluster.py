@@ -1,0 +1,174 @@
+"""Issue 17 on the suite's two-host lab: the ray_cluster layer forms a cluster of the lab's Ray group (`gpufleet
+lab up` links hosts 1 and 2 by a network of their own), both members are listed alive with their CPUs and the
+same Ray, Python and vLLM (one lock), a Ray task that must run on both members does, a stopped worker is
+detected by name and rejoins once started again, and a crashed worker is restarted by systemd and rejoins.
+
+vLLM's CPU build cannot serve across the cluster: its platform has no Ray device key, so vLLM's Ray executor
+refuses with "current platform cpu does not support ray." (asserted below, so the day it can this test says
+so); the instance's command line for a GPU cluster is checked in tests/unit/test_ray_cluster_info.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet import PROJECT_ROOT
+from gpufleet.report import load_report
+from tests.integration.conftest import AnsibleRunner
+
+# Gated: no lab host was free before this test's deadline (the shared machine's five-host limit), so the
+# ray_cluster layer has not yet run on systemd hosts; the first green run on the suite's lab lifts this.
+pytestmark = pytest.mark.skip(reason="issue 17: the ray_cluster lab test has not had its first run on lab hosts yet")
+
+BIN = Path(sys.executable).parent
+VENV = "/opt/gpufleet/venvs/current"
+GROUP = "ray_cluster_lab"
+PORT = 6379
+# The lab declares the cluster's members, head and network; the suite forms it only here.
+ON = json.dumps({"ray_cluster_group": GROUP})
+
+# Run as the service account on the head: a placement group of one CPU on each of two different nodes, and a
+# task in each bundle reporting its node's address.
+SPREAD = """
+import json, sys, ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+ray.get(group.ready(), timeout=120)
+where = ray.remote(num_cpus=1)(lambda: ray.util.get_node_ip_address())
+refs = [where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)).remote()
+        for i in range(2)]
+print(json.dumps(sorted(ray.get(refs, timeout=120))))
+"""
+NO_RAY_ON_CPU = "from vllm.platforms import current_platform as p; print(p.device_name, repr(p.ray_device_key))"
+
+
+def members(inventory: Path) -> dict[str, str]:
+    """The lab's Ray group, head first: inventory name -> cluster address."""
+    document = yaml.safe_load(inventory.read_text())["all"]["children"]
+    hosts = document["gpu_nodes"]["hosts"]
+    return {name: hosts[name]["gpufleet_lab_cluster_address"] for name in document[GROUP]["hosts"]}
+
+
+def playbook(inventory: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/ray_cluster.yml",
+                           "-e", ON], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=900, check=False)
+
+
+def drift(inventory: Path, runs: Path) -> tuple[int, object]:
+    """`gpufleet drift` of the ray_cluster layer with the cluster declared: (exit code, report)."""
+    result = subprocess.run([str(BIN / "gpufleet"), "drift", "-i", str(inventory), "--layers", "ray_cluster", "-e", ON],
+                            capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=600, check=False,
+                            env={**os.environ, "GPUFLEET_RUNS_DIR": str(runs)})
+    reports = sorted(runs.glob("*-drift"))
+    assert reports, result.stdout + result.stderr
+    return result.returncode, load_report(reports[-1] / "drift")
+
+
+def cluster_info(inventory: Path, node: str, address: str, expect: list[str], timeout: int) -> dict:
+    """ray_cluster_info's result on `node`, failed or not."""
+    args = json.dumps({"venv": VENV, "address": address, "members": expect, "timeout": timeout})
+    with tempfile.TemporaryDirectory(prefix="gpufleet-ray-") as tree:
+        subprocess.run([str(BIN / "ansible"), "-i", str(inventory), node, "-m", "gpufleet.fleet.ray_cluster_info",
+                        "-a", args, "--tree", tree], capture_output=True, text=True, cwd=PROJECT_ROOT,
+                       timeout=timeout + 300, check=False)
+        return json.loads((Path(tree) / node).read_text())
+
+
+def shell(ansible: AnsibleRunner, node: str, command: str) -> str:
+    return ansible(node, "ansible.builtin.shell", command)[node]["stdout"]
+
+
+def recap_changed(output: str) -> dict[str, int]:
+    return {line.split()[0]: int(line.split("changed=")[1].split()[0])
+            for line in output.splitlines() if " changed=" in line and ":" in line}
+
+
+def remove_cluster(ansible: AnsibleRunner) -> None:
+    """The lab as the suite had it: no Ray unit, no Ray state."""
+    ansible(GROUP, "ansible.builtin.shell",
+            "systemctl disable --now ray-head.service ray-worker.service 2>/dev/null; "
+            "rm -f /etc/systemd/system/ray-head.service /etc/systemd/system/ray-worker.service; "
+            "systemctl daemon-reload; rm -rf /var/lib/vllm/ray")
+
+
+def test_the_lab_cluster_forms_runs_on_both_members_and_recovers_a_lost_worker(
+        lab_inventory: Path, ansible: AnsibleRunner, tmp_path: Path) -> None:
+    try:
+        form_check_and_break(lab_inventory, ansible, tmp_path)
+    finally:
+        remove_cluster(ansible)
+
+
+def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path) -> None:
+    started = time.monotonic()
+    nodes = members(lab_inventory)
+    (head, head_address), (worker, worker_address) = list(nodes.items())[:2]
+    gcs = f"{head_address}:{PORT}"
+    everyone = [head_address, worker_address]
+
+    formed = playbook(lab_inventory)
+    assert formed.returncode == 0, formed.stdout[-4000:]
+    again = playbook(lab_inventory)
+    assert again.returncode == 0 and set(recap_changed(again.stdout).values()) == {0}, again.stdout[-4000:]
+    converged = time.monotonic()
+
+    listed = {node: cluster_info(lab_inventory, node, gcs, everyone, 0) for node in (head, worker)}
+    for result in listed.values():
+        assert not result.get("failed"), result
+        assert result["alive"] == sorted(everyone) and all(n["cpus"] > 0 for n in result["nodes"] if n["alive"])
+    # One lock: the same Ray, Python and vLLM on both members.
+    assert listed[head]["versions"] == listed[worker]["versions"]
+    assert listed[head]["versions"]["ray"] == "2.60.0" and listed[head]["versions"]["vllm"] == "0.32.0"
+
+    script = base64.b64encode(SPREAD.encode()).decode()
+    ran_on = shell(ansible, head, f"echo {script} | base64 -d > /tmp/gpufleet-ray-spread.py && "
+                                  f"runuser -u vllm -- {VENV}/bin/python /tmp/gpufleet-ray-spread.py {gcs}; "
+                                  "status=$?; rm -f /tmp/gpufleet-ray-spread.py; exit $status")
+    assert json.loads(ran_on.splitlines()[-1]) == sorted(everyone)
+    assert shell(ansible, head, f"{VENV}/bin/python -c '{NO_RAY_ON_CPU}'").splitlines()[-1] == "cpu ''"
+
+    memory = {node: shell(ansible, node, f"systemctl show -P MemoryCurrent ray-{kind}.service")
+              for node, kind in ((head, "head"), (worker, "worker"))}
+    checked = time.monotonic()
+
+    shell(ansible, worker, "systemctl stop ray-worker.service")
+    try:
+        lost = cluster_info(lab_inventory, head, gcs, everyone, 30)
+        assert lost.get("failed") and lost["missing"] == [worker_address], lost
+        assert f"{worker_address} not listed alive" in lost["msg"]
+        assert any(n["address"] == worker_address and not n["alive"] for n in lost["nodes"])
+        code, report = drift(lab_inventory, runs / "lost")
+        assert code == 2
+        head_findings = [(item.field, item.expected, item.actual) for item in report.nodes[head].layers["ray_cluster"].drift]
+        assert head_findings == [(f"member {worker}", "alive", "dead")], head_findings
+        assert report.nodes[worker].layers["ray_cluster"].status == "drifted"
+    finally:
+        shell(ansible, worker, "systemctl start ray-worker.service")
+    back = cluster_info(lab_inventory, head, gcs, everyone, 120)
+    assert not back.get("failed"), back
+    code, report = drift(lab_inventory, runs / "back")
+    assert code == 0 and {report.nodes[n].layers["ray_cluster"].status for n in (head, worker)} == {"ok"}
+    detected = time.monotonic()
+
+    # A crash (every process of the unit killed): systemd starts it again and it rejoins.
+    restarts = int(shell(ansible, worker, "systemctl show -P NRestarts ray-worker.service"))
+    shell(ansible, worker, "systemctl kill --signal=SIGKILL ray-worker.service")
+    rejoined = cluster_info(lab_inventory, head, gcs, everyone, 180)
+    assert not rejoined.get("failed"), rejoined
+    assert int(shell(ansible, worker, "systemctl show -P NRestarts ray-worker.service")) > restarts
+    ended = time.monotonic()
+    print(f"ray cluster: converge x2 {converged - started:.0f} s, checks {checked - converged:.0f} s, "
+          f"stop/detect/rejoin {detected - checked:.0f} s, crash/rejoin {ended - detected:.0f} s; "
+          f"memory {memory}")
