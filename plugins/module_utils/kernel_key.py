@@ -32,6 +32,7 @@ TORCH_PROBE = (
     "print(json.dumps(out))\n"
 )
 
+
 def torch_identity(venv: str) -> str | None:
     """A digest of what the probe's answer depends on: torch's RECORD (each installed file with its hash, rewritten
     by every install), the venv's pyvenv.cfg and the interpreter binary it runs. The probe recorded with an

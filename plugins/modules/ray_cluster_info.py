@@ -42,9 +42,12 @@ options:
     description: Seconds between two polls.
     type: int
     default: 5
+extends_documentation_fragment:
+  - gpufleet.fleet.attributes
 attributes:
   check_mode:
     support: full
+    details: The module only reads; check mode runs it the same way.
   diff_mode:
     support: none
 """
