@@ -356,6 +356,38 @@ def test_killed_vllm_comes_back_through_systemd(served_lab: ServedLab, ansible: 
     assert completion(served_lab, host, "back again")["usage"]["completion_tokens"] == 16
 
 
+def test_an_instance_stopped_while_it_starts_ends_at_once_and_inactive(served_lab: ServedLab,
+                                                                      ansible: AnsibleRunner) -> None:
+    """vLLM loses a SIGTERM that arrives while it starts (its handler raises inside the event loop): the stop waited
+    out TimeoutStopSec and the unit ended `failed` with result 'timeout', the host `degraded`. The unit stops it with
+    SIGINT, which asyncio's runner turns into a cancelled start."""
+    host = served_lab.first
+    greedy = next(i for i in INSTANCES if i["name"] == "greedy")
+    # Stopped two seconds after the engine core started (a third process in the unit's cgroup, the old processes
+    # gone first) and before /health answers: every such stop of the SIGTERM unit timed out on the lab.
+    script = f"""set -e
+systemctl stop vllm@greedy.service
+systemctl start --no-block vllm@greedy.service
+procs=/sys/fs/cgroup$(systemctl show -p ControlGroup --value vllm@greedy.service)/cgroup.procs
+for _ in $(seq 600); do [ "$(cat "$procs" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.2; done
+sleep 2
+echo "processes $(wc -l < "$procs")"
+echo "health $(curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{greedy['port']}/health || true)"
+started=$(date +%s)
+systemctl stop vllm@greedy.service
+echo "stop_seconds $(( $(date +%s) - started ))"
+systemctl show -p ActiveState -p Result vllm@greedy.service
+systemctl start vllm@greedy.service
+for _ in $(seq 300); do curl -sf -o /dev/null http://127.0.0.1:{greedy['port']}/health && exit 0; sleep 2; done
+echo "vllm@greedy did not answer /health again"; exit 1
+"""
+    result = ansible(host, "ansible.builtin.shell", script)[host]["stdout"]
+    print(f"{host}: {' '.join(result.split())}")
+    seen = dict(line.replace("=", " ", 1).split(" ", 1) for line in result.splitlines() if line.strip())
+    assert int(seen["processes"]) >= 3 and seen["health"] != "200", f"vllm@greedy was not caught starting: {result}"
+    assert (seen["ActiveState"], seen["Result"]) == ("inactive", "success"), result
+
+
 def test_rerun_changes_nothing_and_restarts_nothing(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
     before = all_unit_states(ansible, served_lab)
     rerun = run_playbooks(served_lab.inventory, SERVE_PLAYBOOKS)
