@@ -50,7 +50,8 @@ summary() {
 }
 
 run_stage "ansible-lint" ansible-lint
-run_stage "unit tests" python -m pytest -q tests/unit
+# --durations: the slowest tests in every run's output, where the suite's time goes (CI keeps the tail).
+run_stage "unit tests" python -m pytest -q --durations=15 tests/unit
 # ansible-core's own checks of the collection's content, offline (needs `make test`'s sanity wheelhouse).
 run_stage "ansible-test sanity" scripts/sanity.sh
 
@@ -63,7 +64,7 @@ if run_stage "lab up (${LAB_HOSTS} hosts: ${LAB_OS})" gpufleet lab up --hosts "$
     [ -f "${scenario_dir}molecule.yml" ] || continue
     run_stage "molecule ${scenario}" molecule test -s "$scenario"
   done
-  run_stage "lab integration tests" python -m pytest -q tests/integration
+  run_stage "lab integration tests" python -m pytest -q --durations=30 tests/integration
 else
   trap 'lab_down; summary' EXIT
 fi

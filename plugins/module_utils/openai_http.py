@@ -145,10 +145,16 @@ def _read_stream(response: Any, started: float) -> Reply:
     return Reply(response.status, usage_chunk, time.monotonic() - started, first_byte=first_byte)
 
 
+def never_gives_up() -> str:
+    return ""
+
+
 def wait_for_health(server: Server, path: str, timeout: float, interval: float,
                     clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
-    """Polls `path` until it answers 2xx or `timeout` seconds pass (0: one attempt)."""
+                    sleep: Callable[[float], None] = time.sleep,
+                    given_up: Callable[[], str] = never_gives_up) -> Dict[str, Any]:
+    """Polls `path` until it answers 2xx or `timeout` seconds pass (0: one attempt); stops early when `given_up`
+    names a reason the server will not answer (its service manager stopped restarting it)."""
     started = clock()
     attempts = 0
     while True:
@@ -157,9 +163,10 @@ def wait_for_health(server: Server, path: str, timeout: float, interval: float,
         waited = round(clock() - started, 3)
         if reply.ok:
             return {"ok": True, "status": reply.status, "waited_s": waited, "attempts": attempts, "error": ""}
-        if clock() - started + interval > timeout:
+        reason = given_up()
+        if reason or clock() - started + interval > timeout:
             return {"ok": False, "status": reply.status, "waited_s": waited, "attempts": attempts,
-                    "error": reply.error or f"HTTP {reply.status}"}
+                    "error": reply.error or f"HTTP {reply.status}", "given_up": reason}
         sleep(interval)
 
 

@@ -52,6 +52,12 @@ options:
     description: Seconds between two health polls.
     type: float
     default: 2
+  systemd_unit:
+    description:
+      - The systemd unit that runs the server. The health wait stops early when the unit is C(failed): with
+        C(Restart=always) that means systemd stopped restarting it (a crash loop hit its start limit), so it
+        will not answer within any timeout.
+    type: str
   expect_models:
     description: Model ids that C(/v1/models) must list (the instance's served model names).
     type: list
@@ -194,7 +200,7 @@ results:
        requests_per_s: 20.0, prompt_tokens: 8, completion_tokens: 1, completion_tokens_per_s: 20.0}
 """
 
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.openai_http import (
@@ -223,6 +229,7 @@ ARGUMENT_SPEC = dict(
     health_path=dict(type="str", default="/health"),
     health_timeout=dict(type="float", default=0),
     health_interval=dict(type="float", default=2),
+    systemd_unit=dict(type="str"),
     expect_models=dict(type="list", elements="str", default=[]),
     model=dict(type="str"),
     requests=dict(type="list", elements="dict", default=[], options=REQUEST_OPTIONS),
@@ -242,6 +249,18 @@ def bad_request_classes(classes: List[Dict[str, Any]]) -> List[str]:
     return problems
 
 
+def unit_failed(module: AnsibleModule, unit: Optional[str]) -> Callable[[], str]:
+    """A check for wait_for_health: the reason to stop waiting when `unit` is failed, else ''."""
+    def check() -> str:
+        if not unit:
+            return ""
+        rc, out, _ = module.run_command(["systemctl", "show", "--property", "ActiveState", "--value", unit])
+        if rc == 0 and out.strip() == "failed":
+            return f"{unit} is failed, systemd stopped restarting it"
+        return ""
+    return check
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
@@ -255,8 +274,12 @@ def main() -> None:
     result: Dict[str, Any] = {"changed": False, "missing_models": [], "results": []}
 
     if params["health_path"]:
-        health = wait_for_health(server, params["health_path"], params["health_timeout"], params["health_interval"])
+        health = wait_for_health(server, params["health_path"], params["health_timeout"], params["health_interval"],
+                                 given_up=unit_failed(module, params["systemd_unit"]))
         result["health"] = health
+        if health.get("given_up"):
+            module.fail_json(msg=f"{server.url(params['health_path'])} did not answer 2xx and will not: "
+                                 f"{health['given_up']} (last: {health['error']})", **result)
         if not health["ok"]:
             module.fail_json(msg=f"{server.url(params['health_path'])} did not answer 2xx within "
                                  f"{params['health_timeout']:g} s (last: {health['error']})", **result)

@@ -69,6 +69,8 @@ def test_a_venv_that_fails_its_health_gate_is_rolled_back(lab_inventory: Path,
     assert failed.rc != 0, failed.describe()
     said = " ".join(failed.output.split())
     assert re.search(rf"vllm@\S+ on {node} did not become ready", said), failed.describe()
+    # The health wait stopped when the crash loop hit systemd's start limit, not at its 150 s timeout.
+    assert re.search(r"will not: vllm@\S+\.service is failed, systemd stopped restarting it", said), failed.describe()
     assert f"ROLLED BACK: the venv in service is {served} again" in said, failed.describe()
     assert link(lab_inventory, node, f"{VENVS}/current") == served
     assert link(lab_inventory, node, f"{VENVS}/previous") == BROKEN

@@ -187,6 +187,21 @@ def test_health_wait_gives_up_after_the_timeout(script: Script, base_url: str) -
     assert time.monotonic() - started < 2
 
 
+def test_health_wait_stops_when_the_server_will_not_answer(script: Script, base_url: str) -> None:
+    """A crash loop that hit systemd's start limit never answers: the wait stops there, not at the timeout."""
+    script.health_failures = 1000
+    checks: list[str] = []
+
+    def unit_failed_after_three_polls() -> str:
+        checks.append("checked")
+        return "vllm@main.service is failed" if len(checks) >= 3 else ""
+
+    health = openai_http.wait_for_health(openai_http.Server(base_url), "/health", timeout=3600, interval=0.01,
+                                         given_up=unit_failed_after_three_polls)
+    assert not health["ok"] and health["attempts"] == 3
+    assert health["given_up"] == "vllm@main.service is failed" and health["error"].startswith("HTTP 503")
+
+
 def test_refused_connection_is_reported_not_raised() -> None:
     reply = openai_http.call(openai_http.Server("http://127.0.0.1:9", timeout=2), "GET", "/health")
     assert reply.status == 0 and not reply.ok and "refused" in reply.error.lower()
