@@ -37,7 +37,7 @@ lint: venv
 	$(VENV)/bin/ansible-lint
 
 unit: venv
-	$(VENV)/bin/python -m pytest tests/unit
+	$(VENV)/bin/python -m pytest -n auto tests/unit
 
 # ansible-test sanity on the collection's Ansible content, offline (scripts/sanity.sh says how).
 sanity: $(SANITY_STAMP)

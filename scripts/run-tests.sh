@@ -51,7 +51,7 @@ summary() {
 
 run_stage "ansible-lint" ansible-lint
 # --durations: the slowest tests in every run's output, where the suite's time goes (CI keeps the tail).
-run_stage "unit tests" python -m pytest -q --durations=15 tests/unit
+run_stage "unit tests" python -m pytest -q -n auto --durations=15 tests/unit
 # ansible-core's own checks of the collection's content, offline (needs `make test`'s sanity wheelhouse).
 run_stage "ansible-test sanity" scripts/sanity.sh
 

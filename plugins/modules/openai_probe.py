@@ -54,7 +54,7 @@ options:
     default: 2
   systemd_unit:
     description:
-      - The systemd unit that runs the server. The health wait stops early when the unit is C(failed): with
+      - The systemd unit that runs the server. The health wait stops early when the unit is C(failed); with
         C(Restart=always) that means systemd stopped restarting it (a crash loop hit its start limit), so it
         will not answer within any timeout.
     type: str
@@ -254,7 +254,7 @@ def unit_failed(module: AnsibleModule, unit: Optional[str]) -> Callable[[], str]
     def check() -> str:
         if not unit:
             return ""
-        rc, out, _ = module.run_command(["systemctl", "show", "--property", "ActiveState", "--value", unit])
+        rc, out, dummy = module.run_command(["systemctl", "show", "--property", "ActiveState", "--value", unit])
         if rc == 0 and out.strip() == "failed":
             return f"{unit} is failed, systemd stopped restarting it"
         return ""
