@@ -4,8 +4,11 @@
 2. the first node tampered with in thirteen ways across eight layers, in one go: one drift run reports each on
    its layer with expected -> actual, the second node still reports no drift, `--since` lists the changes,
    and neither node's files changed during the drift run (manifests with sha256 and ctime, before and after);
-3. `gpufleet rebuild --limit NODE` takes the tampered node back to a clean report (rebooting it to load the
-   declared driver) without touching the other node.
+3. `gpufleet rebuild --limit NODE --full --reinstall driver,toolkit` takes the tampered node back to a clean
+   report: every layer built again (a new venv, the runfiles reinstalled, the damaged model staged again, the node
+   rebooted to load the declared driver) and serving again, without touching the other node. The plan of a rebuild
+   without --full (the drifted layers and those built on them) is tests/unit/test_drift_rebuild_plan.py's; one
+   rebuild here serves both, as each one costs minutes of the suite.
 
 The serve and proxy layers start vLLM and nginx, which other tests own; they are left out with --layers.
 """
@@ -194,21 +197,41 @@ def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
     assert untouched not in changes
 
 
-def test_rebuild_takes_the_node_back_and_leaves_the_other_alone(fleet: tuple[Path, str, str], runs: Path) -> None:
+def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(fleet: tuple[Path, str, str],
+                                                                       runs: Path) -> None:
     inventory, tampered, untouched = fleet
     # ECC errors are the GPU's own: no rebuild clears them (the report would keep them); the GPU is serviced.
     rc, text = sh(inventory, tampered, f"{SIMGPUCTL} ecc-errors --gpu 0 0")
     assert rc == 0, text
     other_before = manifest(inventory, untouched)
     booted = boot_id(inventory, tampered)
+    # The venv in service (its inode: a new venv is a new directory) and the installers' logs (rewritten by
+    # every install).
+    installed = ("stat -c %i $(readlink -f /opt/gpufleet/venvs/current); "
+                 "stat -c %Y /var/log/nvidia-installer.log /var/log/cuda-installer.log")
+    rc, before = sh(inventory, tampered, installed)
+    assert rc == 0, before
 
-    result = gpufleet(runs, "rebuild", "-i", str(inventory), "--limit", tampered, "--layers", LAYERS)
+    result = gpufleet(runs, "rebuild", "-i", str(inventory), "--limit", tampered, "--layers", LAYERS,
+                      "--full", "--reinstall", "driver,toolkit")
 
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr
-    assert ("rebuild: layers base, driver, toolkit, python, venv, kernels, model (drifted layers and the layers "
-            "built on them; models staged again from their tarballs: tiny-qwen2)") in result.stdout
+    assert ("rebuild: layers base, driver, toolkit, python, venv, kernels, model (full rebuild; a new venv; "
+            "models staged again from their tarballs: tiny-qwen2)") in result.stdout
     assert boot_id(inventory, tampered) != booted, "the driver layer rebooted the node to load driver 580.95.05"
+    rc, after = sh(inventory, tampered, installed)
+    assert rc == 0, after
+    venv_before, *logs_before = before.split()
+    venv_after, *logs_after = after.split()
+    assert venv_after != venv_before, "the venv was built again"
+    assert all(new > old for old, new in zip(logs_before, logs_after, strict=True)), (
+        f"the driver and toolkit installers ran again: log times {logs_before} -> {logs_after}")
     report = last_report(runs)
     assert list(report.nodes) == [tampered]
     assert {item.status for item in report.nodes[tampered].layers.values()} == {"ok"}
     assert_unchanged(other_before, manifest(inventory, untouched), untouched)
+    # The driver's reinstall stopped the instances and no serve layer ran (--layers leaves it out): the run's
+    # last play started them again, health-gated, so the node serves through its proxy.
+    serving = sh(inventory, tampered, "systemctl is-active vllm@main vllm@greedy; "
+                                      "curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health")[1]
+    assert serving.split() == ["active", "active", "200"], serving
