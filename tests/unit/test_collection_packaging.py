@@ -7,10 +7,13 @@ import os
 import subprocess
 import sys
 import tarfile
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+
+import gpufleet
 
 REPO = Path(__file__).resolve().parents[2]
 GALAXY = Path(sys.executable).with_name("ansible-galaxy")
@@ -44,6 +47,13 @@ def test_the_manifest_names_what_galaxy_yml_declares(collection_tarball: Path) -
                                                                   galaxy["version"])
     assert collection_tarball.name == f"gpufleet-fleet-{galaxy['version']}.tar.gz"
     assert info["license_file"] == "LICENSE"
+
+
+def test_the_collection_and_the_python_package_carry_one_version() -> None:
+    galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert galaxy["version"] == project["version"] == gpufleet.__version__, (
+        "pyproject.toml owns the version: copy it to galaxy.yml and reinstall (make venv)")
 
 
 def test_the_tarball_carries_the_content_and_leaves_the_checkout_out(collection_tarball: Path) -> None:
