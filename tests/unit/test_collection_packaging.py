@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tarfile
 import tomllib
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -51,9 +52,10 @@ def test_the_manifest_names_what_galaxy_yml_declares(collection_tarball: Path) -
 
 def test_the_collection_and_the_python_package_carry_one_version() -> None:
     galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert galaxy["version"] == project["version"] == gpufleet.__version__, (
-        "pyproject.toml owns the version: copy it to galaxy.yml and reinstall (make venv)")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "gpufleet.__version__"}
+    assert galaxy["version"] == gpufleet.__version__ == version("gpufleet"), (
+        "gpufleet/__init__.py owns the version: copy it to galaxy.yml and reinstall (make venv)")
 
 
 def test_the_tarball_carries_the_content_and_leaves_the_checkout_out(collection_tarball: Path) -> None:
