@@ -1,8 +1,10 @@
 """`gpufleet upgrade` and `gpufleet cordon` on the lab (issue 13): a rollout whose first node fails its health
 gate stops there, with that node rolled back to what it served before and serving again, and the next node
-untouched; a cordoned node is skipped by the rollout, refused when named without --force, and still cordoned
-afterwards; an instance out of service before an upgrade is out of service after it. The declaration change of
-each test is a host_vars file beside the lab inventory, removed after.
+untouched; a proxy change that nginx accepts but that breaks the way to the instances is rolled back (the
+site of before, nginx reloaded) while the instances keep running; a cordoned node is skipped by the rollout,
+refused when named without --force, and still cordoned afterwards; an instance out of service before an upgrade
+is out of service after it. The declaration change of each test is a host_vars file beside the lab inventory,
+removed after.
 
 Two nodes are enough (the suite's shared lab has two); the failing node is the first, so the second is the
 "untouched" one of the issue's three-node case.
@@ -99,6 +101,30 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
     # The next node was never touched: same state, its instances not restarted.
     assert state(inventory, other, SERVING) == before[other]
     assert state(inventory, other, RUNNING) == other_running
+
+
+def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
+        nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path) -> None:
+    inventory, node, _ = nodes
+    site = "sha256sum /etc/nginx/conf.d/gpufleet-inference.conf"
+    site_before = state(inventory, node, site)
+    running_before = state(inventory, node, RUNNING)
+    # A port typo: nginx accepts the site (nothing checks that 8099 listens), and the node's /health, the first
+    # route's instance through the proxy, answers 502.
+    instances = yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instances"]
+    backends = [{**item, "port": 8099} if item["name"] == "main" else item for item in instances]
+    (host_vars / f"{node}.yml").write_text(yaml.safe_dump({"inference_proxy_backends": backends}))
+
+    result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--limit", node, "--layers", "proxy")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-6000:]
+    assert re.search(rf"upgrade: {node}: rolled_back \(layers proxy, [0-9.]+ s\) - .*Status code was 502", output), (
+        output[-6000:])
+
+    # nginx serves the site of before again, and the instances, which a proxy change does not stop, never stopped.
+    assert state(inventory, node, site) == site_before
+    assert state(inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
+    assert state(inventory, node, RUNNING) == running_before
 
 
 def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
