@@ -16,6 +16,7 @@ import yaml
 from gpufleet import PROJECT_ROOT
 from gpufleet.cli import main as gpufleet_main
 from gpufleet.errors import GpufleetError
+from gpufleet.progress import add_verbose_flag, progress_options
 from gpufleet.runner import format_summary, run_playbook
 
 LAB_INVENTORY = PROJECT_ROOT / "inventories" / "lab" / "hosts.yml"
@@ -28,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="boot the lab fleet, provision it with playbooks/site.yml, and ask it for a completion"
     )
     parser.add_argument("--hosts", type=int, default=2, help="number of lab hosts (default 2)")
+    add_verbose_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if rc != 0:
         return rc
     for playbook in ("lab_mirror.yml", "site.yml"):
-        result = run_playbook(playbook, LAB_INVENTORY)
+        result = run_playbook(playbook, LAB_INVENTORY, **progress_options(args.verbose))
         if result.rc != 0:
             print(format_summary(result))
             return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufleet.progress import add_verbose_flag, progress_options
 from gpufleet.runner import format_summary, run_playbook
 
 
@@ -14,13 +15,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", help="only these hosts or groups (ansible --limit)")
     parser.add_argument("--tags", help="only these layers, e.g. base,driver")
     parser.add_argument("--check", action="store_true", help="report what would change without changing it")
-    parser.add_argument("--diff", action="store_true", help="show the differences in changed files")
+    parser.add_argument("--diff", action="store_true", help="show the differences in changed files (implies -v)")
+    add_verbose_flag(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     result = run_playbook(
-        "site.yml", args.inventory, limit=args.limit, tags=args.tags, check=args.check, diff=args.diff
+        "site.yml", args.inventory, limit=args.limit, tags=args.tags, check=args.check, diff=args.diff,
+        **progress_options(args.verbose or args.diff),
     )
     print()
     print(format_summary(result))

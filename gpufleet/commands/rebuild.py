@@ -15,6 +15,7 @@ from gpufleet.drift import inventory_hosts, parse_layers, run_drift
 from gpufleet.errors import GpufleetError
 from gpufleet.drift_rebuild import REINSTALLABLE, plan_rebuild
 from gpufleet.report_formats import summary_table
+from gpufleet.progress import add_verbose_flag, progress_options
 from gpufleet.runner import format_summary, run_playbook
 
 
@@ -32,6 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--layers", help="only consider these layers (comma-separated), as gpufleet drift --layers")
     parser.add_argument("--allow-many", action="store_true", help="accept a --limit that matches several nodes")
     parser.add_argument("--force", action="store_true", help="rebuild a cordoned node too (it stays cordoned)")
+    add_verbose_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -74,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         print("rebuild: every layer matches the declared state; nothing to rebuild")
         return 0
     print(f"rebuild: layers {', '.join(plan.layers)}" + (f" ({plan.reason})" if plan.reason else ""))
-    result = run_playbook("rebuild.yml", args.inventory, limit=limit, extravars={**plan.extravars(len(hosts) > 1), "rebuild_force": args.force})
+    result = run_playbook("rebuild.yml", args.inventory, limit=limit,
+                          extravars={**plan.extravars(len(hosts) > 1), "rebuild_force": args.force},
+                          **progress_options(args.verbose))
     print()
     print(format_summary(result))
     if result.rc != 0:
