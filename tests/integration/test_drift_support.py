@@ -52,9 +52,17 @@ def fill_mirror(inventory: Path) -> None:
 _CONVERGED: set[tuple[str, str]] = set()
 
 
+def drift_is_clean(inventory: Path, limit: str, layers: str) -> bool:
+    """Whether `gpufleet drift` finds the hosts as declared on these layers: then a converge would change nothing
+    (drift and provision agree: test_drift_effective.py), and a fixture skips its minutes of no-op run."""
+    with tempfile.TemporaryDirectory(prefix="gpufleet-drift-") as runs:
+        return gpufleet(Path(runs), "drift", "-i", str(inventory), "--limit", limit, "--layers", layers).returncode == 0
+
+
 def converge(inventory: Path, limit: str) -> None:
-    """Provisions the layers of LAYERS on the hosts in one ansible-playbook run (a no-op when converged)."""
-    if (str(inventory), limit) in _CONVERGED:
+    """Provisions the layers of LAYERS on the hosts in one ansible-playbook run, unless drift finds them converged."""
+    if (str(inventory), limit) in _CONVERGED or drift_is_clean(inventory, limit, LAYERS):
+        _CONVERGED.add((str(inventory), limit))
         return
     with tempfile.TemporaryDirectory(prefix="gpufleet-converge-") as directory:
         book = Path(directory) / "converge.yml"
