@@ -3,9 +3,10 @@ lab up` links hosts 1 and 2 by a network of their own), both members are listed 
 same Ray, Python and vLLM (one lock), a Ray task that must run on both members does, a stopped worker is
 detected by name and rejoins once started again, and a crashed worker is restarted by systemd and rejoins.
 
-vLLM's CPU build cannot serve across the cluster: its platform has no Ray device key, so vLLM's Ray executor
-refuses with "current platform cpu does not support ray." (asserted below, so the day it can this test says
-so); the instance's command line for a GPU cluster is checked in tests/unit/test_ray_cluster_info.py.
+vLLM's CPU build cannot serve across the cluster: its platform has no Ray device key, and `vllm serve` with
+`--distributed-executor-backend ray --pipeline-parallel-size 2` on the head exits with "current platform cpu
+does not support ray." (run and asserted below, so the day it can this test says so); the instance's command
+line for a GPU cluster is checked in tests/unit/test_ray_cluster_info.py.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ refs = [where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group
 print(json.dumps(sorted(ray.get(refs, timeout=120))))
 """
 NO_RAY_ON_CPU = "from vllm.platforms import current_platform as p; print(p.device_name, repr(p.ray_device_key))"
+UNIT_RSS_KIB = ("cg=$(systemctl show -P ControlGroup {unit}); "
+                "ps -o rss= -p \"$(paste -sd, /sys/fs/cgroup$cg/cgroup.procs)\" | awk '{{s += $1}} END {{print s}}'")
+# vLLM's own answer to serving the lab's tiny model across the two members (pipeline parallel 2 on Ray), as the
+# service account on the head: its last lines and exit status. A port no instance uses.
+SERVE_ACROSS = ("cd /tmp && RAY_ADDRESS={gcs} timeout 300 runuser -u vllm -- {venv}/bin/python -m vllm.entrypoints.openai.api_server "
+                "--model /var/lib/gpufleet/models/tiny-qwen2 --dtype bfloat16 --max-model-len 512 --enforce-eager "
+                "--distributed-executor-backend ray --pipeline-parallel-size 2 --port 8097 > /tmp/gpufleet-ray-vllm.log 2>&1; "
+                "status=$?; grep -E 'Error|error' /tmp/gpufleet-ray-vllm.log | tail -3; echo \"exit status $status\"; "
+                "rm -f /tmp/gpufleet-ray-vllm.log")
 
 
 def members(inventory: Path) -> dict[str, str]:
@@ -141,8 +151,12 @@ def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path
     assert json.loads(ran_on.splitlines()[-1]) == sorted(everyone)
     assert shell(ansible, head, f"{VENV}/bin/python -c '{NO_RAY_ON_CPU}'").splitlines()[-1] == "cpu ''"
 
-    memory = {node: shell(ansible, node, f"systemctl show -P MemoryCurrent ray-{kind}.service")
+    # The lab has no memory accounting (MemoryCurrent is [not set]): the resident memory of the unit's processes.
+    memory = {node: int(shell(ansible, node, UNIT_RSS_KIB.format(unit=f"ray-{kind}.service"))) // 1024
               for node, kind in ((head, "head"), (worker, "worker"))}
+    refused = shell(ansible, head, SERVE_ACROSS.format(venv=VENV, gcs=gcs))
+    exit_status = int(refused.split("exit status ")[-1])
+    assert exit_status not in (0, 124) and "current platform cpu does not support ray." in refused, refused
     checked = time.monotonic()
 
     shell(ansible, worker, "systemctl stop ray-worker.service")
@@ -177,4 +191,4 @@ def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path
     ended = time.monotonic()
     print(f"ray cluster: converge x2 {converged - started:.0f} s, checks {checked - converged:.0f} s, "
           f"stop/detect/rejoin {detected - checked:.0f} s, crash/rejoin {ended - detected:.0f} s; "
-          f"memory {memory}")
+          f"resident memory MiB {memory}; vLLM across the cluster: {refused.splitlines()[-2]}")
