@@ -11,6 +11,7 @@ packages=(
   gcc make libc6-dev # the simulated NVML library is compiled in C
   curl ca-certificates
   openssl            # the lab CA and host certificates
+  chromium           # headless: tests/unit/test_report_html.py screenshots `gpufleet drift --html`'s page
 )
 
 # Some tests fetch a package file with `apt-get download`: that needs package lists, even when nothing is missing.

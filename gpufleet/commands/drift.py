@@ -3,12 +3,14 @@
 Exit codes: 0 every node compared and no drift; 2 drift found, every node compared; 3 drift found and some
 node or layer could not be compared (unreachable, or an error); 1 no drift found but not every node or layer
 was compared, or the run failed (no report). `--since RUN` lists what changed since a stored run; without -i it compares two stored runs.
+`--html FILE` writes the report as one HTML page (gpufleet/report_html.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -25,7 +27,8 @@ from gpufleet.drift import (
 )
 from gpufleet.errors import GpufleetError
 from gpufleet.report import JSON_SCHEMA, FleetReport, compare_reports, load_report
-from gpufleet.report_formats import REPORT_FILES, summary_table
+from gpufleet.report_formats import REPORT_FILES, summary_table, write_atomically
+from gpufleet.report_html import to_html
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -44,6 +47,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="JSON|@FILE",
                         help="variables over the inventory's, as JSON or @ a YAML/JSON file (repeatable)")
     parser.add_argument("--out", type=Path, help="also copy the report files (JSON, Markdown, JUnit, Prometheus) here")
+    parser.add_argument("--html", type=Path, metavar="FILE",
+                        help="also write the report as one self-contained HTML page (nodes by layers, a colour "
+                             "per status, what drifted): of this run with -i, else of the stored run --against "
+                             "names; FILE's directory must exist")
     parser.add_argument("--since", metavar="RUN",
                         help="list what changed since a stored run (its id, last, previous, or a path)")
     parser.add_argument("--against", metavar="RUN", default="last",
@@ -67,13 +74,28 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.runs:
         return list_runs()
+    if args.html:
+        check_page_path(args.html)
     if args.inventory is None:
-        if args.query:
-            return print_query(args.query, find_report(args.against)[1])
-        if args.since:
-            return compare_stored(args.since, args.against)
-        raise GpufleetError("give -i INVENTORY to run a drift check, or --since RUN to compare stored runs")
+        return stored(args)
     return check(args)
+
+
+def stored(args: argparse.Namespace) -> int:
+    """Without -i: a query of a stored run, the changes between two, and/or the page of the --against run."""
+    if not (args.query or args.since or args.html):
+        raise GpufleetError("give -i INVENTORY to run a drift check, or --since RUN to compare stored runs, or "
+                            "--html FILE for the page of a stored run")
+    status = 0
+    if args.query:
+        status = print_query(args.query, find_report(args.against)[1])
+    elif args.since:
+        status = compare_stored(args.since, args.against)
+    if args.html:
+        name, report = find_report(args.against)
+        write_page(args.html, report)
+        print(f"page of {name} ({report.run_id}) written to {args.html}")
+    return status
 
 
 def check(args: argparse.Namespace) -> int:
@@ -99,6 +121,9 @@ def check(args: argparse.Namespace) -> int:
     if args.out:
         copy_report(result.report_dir, args.out)
         print(f"report copied to {args.out}")
+    if args.html:
+        write_page(args.html, result.report)
+        print(f"page written to {args.html}")
     if baseline is not None:
         print_changes(args.since, baseline, result.run_id, result.report)
     if args.query:
@@ -130,6 +155,27 @@ def copy_report(source: Path, destination: Path) -> None:
             shutil.copy2(source / name, destination / name)
     except OSError as error:
         raise GpufleetError(f"cannot copy the report to {destination}: {error.strerror}") from None
+
+
+def check_page_path(path: Path) -> None:
+    """Refuses a --html FILE that cannot be written, before anything runs."""
+    directory = path.parent
+    if path.is_dir():
+        raise GpufleetError(f"--html {path}: is a directory; give the page's file name, e.g. {path / 'drift.html'}")
+    if not directory.is_dir():
+        raise GpufleetError(f"--html {path}: the directory {directory} does not exist; create it or give "
+                            f"another path")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise GpufleetError(f"--html {path}: the directory {directory} cannot be written (permission denied)")
+
+
+def write_page(path: Path, report: FleetReport) -> None:
+    """The report's HTML page, written whole or not at all (a temporary file renamed over FILE)."""
+    check_page_path(path)
+    try:
+        write_atomically(path, to_html(report))
+    except OSError as error:
+        raise GpufleetError(f"--html {path}: cannot write the page: {error.strerror or error}") from None
 
 
 def print_changes(old_name: str, old: FleetReport, new_name: str, new: FleetReport) -> None:

@@ -52,7 +52,9 @@ def inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def first_run(inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     runs = tmp_path_factory.mktemp("runs")
     out = runs.parent / f"{runs.name}-out"
-    return gpufleet("drift", "-i", str(inventory), "--layers", LAYERS, "--out", str(out), runs=runs), runs
+    page = runs.parent / f"{runs.name}.html"
+    return gpufleet("drift", "-i", str(inventory), "--layers", LAYERS, "--out", str(out), "--html", str(page),
+                    runs=runs), runs
 
 
 def test_a_run_reports_drift_not_declared_layers_and_the_unreachable_node(first_run) -> None:
@@ -91,6 +93,12 @@ def test_the_report_files_of_a_run(first_run) -> None:
     assert 'gpufleet_drift_layer{node="controller",layer="toolkit"} 1' in prom
     assert 'gpufleet_drift_node_up{node="gone"} 0' in prom
     assert "## controller: drifted" in (out / "report.md").read_text()
+    # --html: the run's page, beside the runs directory; its table and drift are tested in test_report_html.py.
+    page = runs.parent / f"{runs.name}.html"
+    assert f"page written to {page}" in result.stdout
+    html = page.read_text()
+    assert '<td class="status-drifted"' in html and '<td class="status-unreachable"' in html
+    assert "/var/tmp/gpufleet-drift-test-no-such-cuda: target</code>" in html
     # ansible-runner's own artifacts stay with the run, for whoever needs the details.
     assert list(run.glob("artifacts/*/job_events/*.json"))
 
@@ -122,6 +130,8 @@ def test_since_lists_what_changed_and_runs_are_listed(first_run, inventory: Path
     (["drift"], "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs"),
     (["drift", "--since", "20990101T000000-1-drift"], "cannot compare with 20990101T000000-1-drift:"),
     (["drift", "-i", "{inventory}", "--keep-artifacts", "-1"], "--keep-artifacts -1: give a number of runs, 0 or more"),
+    (["drift", "-i", "{inventory}", "--html", "/nonexistent/page.html"],
+     "--html /nonexistent/page.html: the directory /nonexistent does not exist; create it or give another path"),
     (["drift", "-i", "{inventory}", "-e", "drift_layers=base"], "-e drift_layers=base: not a JSON object"),
     (["drift", "-i", "{inventory}", "-e", "[1, 2]"], "-e [1, 2]: give a mapping of variable names to values"),
     (["rebuild", "-i", "{inventory}", "--limit", "gpu_nodes"],
