@@ -35,6 +35,7 @@ deps:
 lint: venv
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ansible-lint
+	$(VENV)/bin/mypy
 
 unit: venv
 	$(VENV)/bin/python -m pytest -n auto tests/unit

@@ -92,8 +92,8 @@ def to_junit(report: FleetReport) -> str:
                   "failures": sum(r.status == "drifted" for r in node.layers.values()),
                   "errors": sum(r.status in ("error", "unreachable") for r in node.layers.values()),
                   "skipped": sum(r.status in ("not_declared", "cordoned") for r in node.layers.values())}
-        suite = ElementTree.SubElement(suites, "testsuite", name=name, timestamp=report.started,
-                                       **{key: str(value) for key, value in counts.items()})
+        attributes = {"name": name, "timestamp": report.started, **{key: str(value) for key, value in counts.items()}}
+        suite = ElementTree.SubElement(suites, "testsuite", attributes)
         for layer, result in node.layers.items():
             _junit_case(suite, name, layer, result)
         for key in totals:

@@ -311,6 +311,13 @@ def cached_file(cache: Path, entry: Any) -> Path | None:
     return None
 
 
+def cached_wheel(cache: Path, entry: Any) -> Path:
+    """The cached wheel of an entry that download_missing has already fetched."""
+    source = cached_file(cache, entry)
+    assert source is not None, "download_missing fills the cache first"
+    return source
+
+
 def store_in_cache(cache: Path, wheel: Path) -> Path:
     """Moves a downloaded wheel to cache/<sha256>/<name>, computing the sha256 from its bytes."""
     digest = sha256_file(wheel)
@@ -379,8 +386,7 @@ def publish(spec: StackSpec, entries: list[Any], cache: Path, mirror_dir: Path, 
     directory.mkdir(parents=True, exist_ok=True)
     files = []
     for entry in entries:
-        source = cached_file(cache, entry)
-        assert source is not None, "download_missing fills the cache first"
+        source = cached_wheel(cache, entry)
         target = directory / source.name
         # A file that is not the cached inode (replaced or altered on the mirror) is put back.
         if not (target.exists() and os.path.samefile(source, target)):
@@ -432,7 +438,7 @@ def build(spec: StackSpec, lock_path: Path, mirror_dir: Path | None, upgrade: bo
     entries, action = _lock_entries(spec, lock_path, upgrade)
     report = BuildReport(spec, lock_path, action, packages=len(entries))
     report.downloaded = download_missing(spec, entries, cache)
-    report.total_bytes = sum(cached_file(cache, entry).stat().st_size for entry in entries)  # type: ignore[union-attr]
+    report.total_bytes = sum(cached_wheel(cache, entry).stat().st_size for entry in entries)
     if mirror_dir is not None:
         report.published = publish(spec, entries, cache, mirror_dir, lock_path)
     else:

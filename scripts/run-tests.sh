@@ -49,6 +49,8 @@ summary() {
 }
 
 run_stage "ansible-lint" ansible-lint
+# Type checks of gpufleet/ and plugins/ (pyproject.toml [tool.mypy]).
+run_stage "mypy" mypy
 # --durations: the slowest tests in every run's output, where the suite's time goes (CI keeps the tail).
 run_stage "unit tests" python -m pytest -q -n auto --durations=15 tests/unit
 # ansible-core's own checks of the collection's content, offline (needs `make test`'s sanity wheelhouse).

@@ -191,6 +191,8 @@ class EvidenceCatcher:
     def __call__(self, event: dict) -> bool:
         data = event.get("event_data") or {}
         host, result = data.get("host"), data.get("res") or {}
+        if host is None:
+            return True  # playbook-level events name no host
         facts = result.get("ansible_facts") or {}
         if event.get("event") == "runner_on_ok" and "gpufleet_doctor_evidence" in facts:
             self.evidence[host] = facts["gpufleet_doctor_evidence"]

@@ -8,6 +8,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,9 @@ def read_pid_file(path: Path) -> PidRecord | None:
         return None
 
 
-def is_alive(record: PidRecord | None) -> bool:
-    """True if the recorded process still runs (same pid and start time, not a zombie)."""
+def is_alive(record: PidRecord | None) -> TypeGuard[PidRecord]:
+    """True if the recorded process still runs (same pid and start time, not a zombie); a TypeGuard, so a
+    list filtered by it holds no None."""
     if record is None:
         return False
     if process_start_time(record.pid) != record.start_time:

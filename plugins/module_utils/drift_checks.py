@@ -22,7 +22,7 @@ import stat
 import subprocess
 import urllib.error
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import open_url
@@ -408,7 +408,7 @@ KINDS: dict[str, Check] = {
 }
 
 
-def register(kinds: dict[str, Check]) -> None:
+def register(kinds: Mapping[str, Check]) -> None:
     """Adds kinds defined elsewhere (drift_stack.py): one registry, so a layer file can use any kind."""
     KINDS.update(kinds)
 

@@ -578,7 +578,9 @@ def model_file_findings(label: str, version_dir: str, archive: str, strip: int, 
 def compare_member(label: str, tar: tarfile.TarFile, member: tarfile.TarInfo, version_dir: str,
                    relative: str) -> list[Finding]:
     """One tar member against the staged file, by sha256 (the member is streamed, never unpacked)."""
-    digest = sha256_stream(tar.extractfile(member))
+    stream = tar.extractfile(member)
+    assert stream is not None, "the caller passes regular file members only"
+    digest = sha256_stream(stream)
     path = os.path.join(version_dir, relative)
     if not os.path.isfile(path):
         return [Finding(label, f"file {relative}", short_hash(digest.hexdigest()), "absent")]

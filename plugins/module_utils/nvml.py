@@ -457,7 +457,7 @@ class _DeviceReader:
 
     def _memory(self) -> dict[str, Any]:
         try:
-            memory = _MemoryV2(version=_MEMORY_V2_VERSION)
+            memory: _MemoryV2 | _Memory = _MemoryV2(version=_MEMORY_V2_VERSION)
             self.nvml.call("nvmlDeviceGetMemoryInfo_v2", self.handle, ctypes.byref(memory))
             reserved: dict[str, Any] = {"memory_reserved_bytes": memory.reserved,
                                         "memory_reserved_mib": memory.reserved // MIB}

@@ -71,10 +71,10 @@ def pinned_sha256(name: str, pins: dict, known: str = "", known_source: str = ""
 class ArtifactResolver(object):
     """Resolves artifacts as the roles take them ({url, sha256}) and records each with its provenance."""
 
-    def __init__(self, mirror_url: str, pins: dict):
+    def __init__(self, mirror_url: str, pins: dict | None):
         self.mirror_url = mirror_url
         self.pins = pins or {}
-        self.listed = []
+        self.listed: list[dict] = []
 
     def get(self, layer: str, kind: str, name: str, known: str = "", known_source: str = "") -> dict:
         sha256, source = pinned_sha256(name, self.pins, known, known_source)
@@ -196,8 +196,8 @@ def kernels(stack: dict, files: ArtifactResolver) -> list:
                  env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE"})]
 
 
-def resolve(stack: dict, kb: dict, mirror_url: str, pins: dict = None, extra_toolkits: list = None,
-            venv_options: dict = None, pyenv_version: str = "") -> dict:
+def resolve(stack: dict, kb: dict, mirror_url: str, pins: dict | None = None, extra_toolkits: list | None = None,
+            venv_options: dict | None = None, pyenv_version: str = "") -> dict:
     """Everything a normalised, validated stack installs, and `artifacts`: every file in layer order with
     where its sha256 came from. Raises ArtifactError naming the missing fact."""
     files = ArtifactResolver(mirror_url, pins)

@@ -29,7 +29,7 @@ def validate_stack(stack: dict, kb: dict) -> dict:
     report = Report()
     resolved_gpus = _check_gpus(index, report, stack)
     # A node lists each of its GPUs; the links only need each distinct model once.
-    distinct = {}
+    distinct: dict[tuple[str, str], dict] = {}
     for gpu in resolved_gpus:
         distinct.setdefault((gpu["label"], gpu["cc"]), gpu)
     gpus = list(distinct.values())

@@ -26,7 +26,7 @@ class KbIndex(object):
         self.vllm = dict(((row["distribution"], row["vllm_version"]), row) for row in kb.get("vllm", []))
         self.flash_attn = dict((row["version"], row) for row in kb.get("flash_attn", []))
         self.rules = dict((row["rule"], row) for row in kb.get("rules", []))
-        self.companions = {}
+        self.companions: dict[tuple[str, str], list[dict]] = {}
         for row in kb.get("vllm_companions", []):
             if row["pin"]:
                 self.companions.setdefault((row["distribution"], row["vllm_version"]), []).append(row)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import os
+from typing import Any
 
 # One entry per table: file name -> the columns it must have (extra columns are kept, never required).
 TABLES = {
@@ -97,7 +98,7 @@ def load_kb(kb_dir: str) -> dict:
     """Load every table of the knowledge base; the result is plain lists of string dicts."""
     if not os.path.isdir(kb_dir):
         raise KnowledgeBaseError("knowledge base directory %s does not exist" % kb_dir)
-    kb = {"kb_dir": os.path.abspath(kb_dir)}
+    kb: dict[str, Any] = {"kb_dir": os.path.abspath(kb_dir)}
     for name, (filename, required) in TABLES.items():
         kb[name] = read_table(os.path.join(kb_dir, filename), required)
     return kb

@@ -24,12 +24,18 @@ VARIANT_RE = re.compile(r"^(?:cu(\d{3,4})|cpu)$", re.ASCII)
 _SPEC_RE = re.compile(r"^(~=|==|!=|<=|>=|<|>)\s*([0-9][0-9A-Za-z.*+]*)$", re.ASCII)
 
 
-def version_key(text: str) -> tuple:
-    """A PEP 440 sort key: 0.10.0.dev1 < 0.10.0rc1 < 0.10.0 < 0.10.0+cpu < 0.10.0.post1 < 0.10.1;
-    also for drivers and toolkits (580.159.04, 13.0.2), where only the release part is present."""
+def _parse(text: str) -> re.Match[str]:
+    """The VERSION_RE match of a version; ValueError for text that is not one."""
     match = VERSION_RE.match(str(text).strip())
     if not match:
         raise ValueError("not a version: %r" % (text,))
+    return match
+
+
+def version_key(text: str) -> tuple:
+    """A PEP 440 sort key: 0.10.0.dev1 < 0.10.0rc1 < 0.10.0 < 0.10.0+cpu < 0.10.0.post1 < 0.10.1;
+    also for drivers and toolkits (580.159.04, 13.0.2), where only the release part is present."""
+    match = _parse(text)
     release, pre, pre_n, post_implicit, post_n, dev, dev_n = match.groups()[:7]
     numbers = [int(part) for part in release.split(".")]
     while len(numbers) > 1 and numbers[-1] == 0:
@@ -62,7 +68,7 @@ def _is_pre_or_post(text: str, operator: str) -> bool:
 
 def _release(text: str) -> list:
     """'2.13.0rc1' -> [2, 13, 0]."""
-    return [int(part) for part in VERSION_RE.match(str(text).strip()).group(1).split(".")]
+    return [int(part) for part in _parse(text).group(1).split(".")]
 
 
 def base_version(text: str) -> str:
@@ -107,8 +113,8 @@ def _clause_allows(operator: str, bound: str, version: str) -> bool:
         return False  # PEP 440: <3.15 excludes 3.15.0rc1, >2.8 excludes 2.8.post1
     if operator == "~=":
         # ~=X.Y means >=X.Y, ==X.*; ~=X.Y.Z means >=X.Y.Z, ==X.Y.*
-        prefix = _release(bound)[:-1]
-        return have >= want and _release(version)[:len(prefix)] == prefix
+        release_prefix = _release(bound)[:-1]
+        return have >= want and _release(version)[:len(release_prefix)] == release_prefix
     return {
         "==": have == want, "!=": have != want, ">=": have >= want,
         "<=": have <= want, ">": have > want, "<": have < want,

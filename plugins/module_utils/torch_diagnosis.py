@@ -157,7 +157,8 @@ def _matching_line(signature: Signature, text: str) -> str:
     return text
 
 
-def _torch_errors(torch: dict) -> list[tuple[str, dict]]:
+def _torch_errors(torch: dict) -> list[tuple[str, dict | None]]:
+    """(component, error record or None where that step did not fail); _component_errors drops the None."""
     errors = [("torch", torch.get(key)) for key in ("import_error", "cuda_error", "cudnn_error", "nccl_error",
                                                     "arch_list_error")]
     errors += [("torch device %s" % device.get("index"), device.get("error")) for device in torch.get("devices", [])]

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+from typing import Any
 
 PROBE_FILE_NAME = "torch_probe_script.py"
 # Exception texts from the loader (dlopen) and the CUDA runtime must come in English to match signatures.
@@ -198,7 +199,7 @@ def public_version(version: str | None) -> str | None:
 
 
 # Keys every report has, so that callers can template them without defaults; null/empty when unknown.
-TORCH_DEFAULTS = {
+TORCH_DEFAULTS: dict[str, Any] = {
     "installed": False, "import_ok": False, "version": None, "cuda": None, "hip": None, "cudnn": None,
     "nccl": None, "cuda_available": False, "device_count": 0, "devices": [], "arch_list": [],
     "arch_covers_gpus": None, "arch_coverage": [],

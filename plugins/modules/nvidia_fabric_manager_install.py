@@ -146,7 +146,9 @@ def read_archive(path: str, version: str) -> dict[str, bytes]:
                 raise ValueError("%s holds %r outside %s: not the fabric manager archive of driver %s"
                                  % (path, member.name, top, version))
             if member.isfile():
-                files[name[len(top):]] = archive.extractfile(member).read()
+                stream = archive.extractfile(member)
+                assert stream is not None, "a regular file member always has a stream"
+                files[name[len(top):]] = stream.read()
     missing = [name for name in REQUIRED if name not in files]
     if missing:
         raise ValueError("%s lacks %s" % (path, ", ".join(missing)))
@@ -243,7 +245,9 @@ def main() -> None:
         if target and differs(target[0], members[name], target[1]):
             plan[target[0]] = (members[name], target[1])
     library_link = os.path.join(params["libdir"], "libnvfm.so")
-    unit = destination(UNIT, params)[0]
+    unit_target = destination(UNIT, params)
+    assert unit_target is not None, "destination() places the unit, a REQUIRED member"
+    unit = unit_target[0]
     record = {"version": version, "archive": os.path.basename(archive), "sha256": pinned,
               "files": sorted(target[0] for target in targets.values() if target) + [library_link]}
     record_text = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()

@@ -260,6 +260,7 @@ def build_flags(params: dict, prefix: str | None) -> list[str]:
             x_check=params["x_check"],
             extra=params["extra_flags"],
         )
+    assert prefix is not None, "main() gives every toolkit run a prefix"
     return toolkit_flags(
         prefix,
         override=params["override"],
@@ -295,6 +296,7 @@ def unmanaged_install(module: AnsibleModule, kind: str, prefix: str | None) -> s
     if kind == "driver":
         state, version = loaded_driver_state(loaded_driver_from_kernel())
         return version if state == "loaded" and version else None
+    assert prefix is not None, "main() gives every toolkit run a prefix"
     nvcc = os.path.join(prefix, "bin", "nvcc")
     if not os.path.exists(nvcc):
         return None
@@ -304,7 +306,10 @@ def unmanaged_install(module: AnsibleModule, kind: str, prefix: str | None) -> s
 
 def detect(kind: str, prefix: str | None) -> str | None:
     """The installed version of this kind (under prefix for a toolkit)."""
-    return installed_driver() if kind == "driver" else installed_toolkit(prefix)
+    if kind == "driver":
+        return installed_driver()
+    assert prefix is not None, "main() gives every toolkit run a prefix"
+    return installed_toolkit(prefix)
 
 
 def run_step(module: AnsibleModule, argv: list[str], log: str, what: str, result: dict) -> None:

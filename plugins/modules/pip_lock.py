@@ -268,12 +268,11 @@ def main() -> None:
         # What the install does to O(venv) itself ...
         action = diff_against_lock(lock, installed or {}, p["remove"])
         # ... and what it changes for the service: a new venv is compared with the one it replaces.
-        compared = venv
-        reference = installed
+        compared, replaced = venv, installed
         if installed is None and p["baseline"]:
-            reference = installed_distributions(module, p["baseline"])
-            compared = p["baseline"] if reference is not None else venv
-        reference = reference or {}
+            replaced = installed_distributions(module, p["baseline"])
+            compared = p["baseline"] if replaced is not None else venv
+        reference = replaced or {}
         diff = diff_against_lock(lock, reference, p["remove"])
         after_text = expected_lines(lock, reference, diff)
     except LockError as error:

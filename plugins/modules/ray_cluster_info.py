@@ -127,7 +127,8 @@ def main() -> None:
     if result is None:
         module.fail_json(msg=f"Ray cluster at {params['address']}: {error}", missing=missing, changed=False)
     answer = dict(changed=False, nodes=nodes, alive=alive_addresses(nodes), missing=missing,
-                  versions=result["versions"])
+                  # fail_json above never returns; ansible has no type hints that tell mypy so.
+                  versions=result["versions"])  # type: ignore[index]
     if missing:
         module.fail_json(msg=f"Ray cluster at {params['address']}: {', '.join(missing)} not listed alive "
                              f"after {params['timeout']} s (alive: {', '.join(answer['alive']) or 'none'})",
