@@ -64,7 +64,7 @@ def test_the_tarball_carries_the_content_and_leaves_the_checkout_out(collection_
                    "plugins/modules/nvidia_gpu_info.py", "playbooks/site.yml", "data/compat/cpython.csv"):
         assert needed in names, needed
     leaked = sorted(name for name in names
-                    if name.split("/")[0] in {".venv", ".git", "tests", "molecule", "bench", "build"}
+                    if name.split("/")[0] in {".venv", ".git", ".mypy_cache", ".ruff_cache", "tests", "molecule", "bench", "build"}
                     or "__pycache__" in name or name.endswith("-hosts.yml"))
     assert leaked == []
 
