@@ -8,7 +8,7 @@ VENV_STAMP := $(VENV)/.gpufleet-installed
 SANITY_WHEELS := $(VENV)/sanity-wheels
 SANITY_STAMP := $(SANITY_WHEELS)/.downloaded
 
-.PHONY: demo test venv deps lint unit sanity clean collection ee-context
+.PHONY: demo test venv lock deps lint unit sanity clean collection ee-context
 
 demo: venv deps
 	$(VENV)/bin/gpufleet demo
@@ -16,14 +16,22 @@ demo: venv deps
 test: venv deps $(SANITY_STAMP)
 	scripts/run-tests.sh
 
-# Creates or updates .venv from the pinned requirements; a no-op when they have not changed.
+# Creates or updates .venv from the locked requirements (every package pinned with its sha256: pip refuses any
+# other file); a no-op when they have not changed. gpufleet itself goes in editable, its dependencies from the lock.
 venv: $(VENV_STAMP)
 
 $(VENV_STAMP): requirements.txt pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -r requirements.txt -e .
+	$(VENV)/bin/python -m pip install --quiet --require-hashes -r requirements.txt
+	$(VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
+
+# requirements.in (the direct dependencies, pinned) -> requirements.txt (all of them, with hashes), for CI's
+# Python and platform whatever machine runs it.
+lock: venv
+	$(VENV)/bin/uv pip compile requirements.in --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" -o requirements.txt
 
 $(SANITY_STAMP): $(VENV_STAMP)
 	SANITY_WHEELS=$(SANITY_WHEELS) scripts/sanity.sh --download-wheels

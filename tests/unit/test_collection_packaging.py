@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -71,7 +72,7 @@ def test_the_tarball_carries_the_content_and_leaves_the_checkout_out(collection_
 
 def test_runtime_requires_the_ansible_core_line_requirements_pin() -> None:
     runtime = yaml.safe_load((REPO / "meta/runtime.yml").read_text())
-    pinned = next(line.split("==")[1] for line in (REPO / "requirements.txt").read_text().splitlines()
+    pinned = next(line.split("==")[1] for line in (REPO / "requirements.in").read_text().splitlines()
                   if line.startswith("ansible-core=="))
     major_minor = ".".join(pinned.split(".")[:2])
     assert f">={major_minor}.0" in runtime["requires_ansible"]
@@ -80,7 +81,7 @@ def test_runtime_requires_the_ansible_core_line_requirements_pin() -> None:
 def test_the_execution_environment_installs_what_the_controller_pins() -> None:
     ee = yaml.safe_load((REPO / "execution-environment.yml").read_text())
     assert ee["version"] == 3
-    pins = {line.split("==")[0]: line for line in (REPO / "requirements.txt").read_text().splitlines()
+    pins = {line.split("==")[0]: line for line in (REPO / "requirements.in").read_text().splitlines()
             if "==" in line and not line.startswith("#")}
     deps = ee["dependencies"]
     assert deps["ansible_core"]["package_pip"] == pins["ansible-core"]
@@ -165,3 +166,17 @@ def test_the_cli_of_the_installed_copy_runs_its_playbooks(installed: Path, tmp_p
     where = subprocess.run([sys.executable, "-c", "import gpufleet; print(gpufleet.PROJECT_ROOT)"], capture_output=True,
                            text=True, check=True, env=env, cwd=tmp_path)
     assert where.stdout.strip() == str(root)
+
+
+def test_the_lock_pins_every_direct_requirement_with_hashes() -> None:
+    # requirements.in's pins are what requirements.txt (make lock) resolved them to, each with its sha256.
+    direct = dict(line.split("==") for line in (REPO / "requirements.in").read_text().splitlines()
+                  if "==" in line and not line.startswith("#"))
+    locked = (REPO / "requirements.txt").read_text()
+    entries = dict(re.findall(r"(?m)^([A-Za-z0-9_.-]+)==(\S+) \\\n\s+--hash=sha256:[0-9a-f]{64}", locked))
+    normal = {name.lower().replace("_", "-").replace(".", "-"): version for name, version in entries.items()}
+    stale = {name: version for name, version in direct.items()
+             if normal.get(name.lower().replace("_", "-").replace(".", "-")) != version}
+    assert stale == {}, f"requirements.txt does not lock these pins of requirements.in: {stale}; run make lock"
+    unhashed = [line for line in locked.splitlines() if re.match(r"[A-Za-z0-9]", line) and not line.endswith(" \\")]
+    assert unhashed == [], unhashed
