@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,21 +328,23 @@ def store_in_cache(cache: Path, wheel: Path) -> Path:
     return target
 
 
-def download_missing(spec: StackSpec, entries: list[Any], cache: Path) -> int:
-    """pip download (hash-checked) of every entry the cache lacks; returns how many were downloaded."""
+def download_missing(spec: StackSpec, entries: list[Any], cache: Path, say: Callable[[str], None] = print) -> int:
+    """pip download (hash-checked) of every entry the cache lacks, saying each file as it lands (which, how big,
+    how many of how many); returns how many were downloaded."""
     missing = [entry for entry in entries if cached_file(cache, entry) is None]
     if not missing:
         return 0
+    say(f"stack {spec.id}: downloading {len(missing)} of {len(entries)} wheels (the others are cached)")
     with tempfile.TemporaryDirectory(prefix="gpufleet-download-", dir=_tmp_dir(cache)) as tmp:
         subset = Path(tmp) / "missing.lock"
         subset.write_text(pip_lock.format_lock({"stack": spec.id}, missing))
         target = Path(tmp) / "wheels"
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--no-cache-dir",
-                   "--disable-pip-version-check", "--quiet", "--dest", str(target), *pip_target_args(spec),
-                   "-r", str(subset)]
-        process = subprocess.run(command, capture_output=True, text=True, check=False)
-        if process.returncode != 0:
-            lines = process.stderr.strip().splitlines()
+                   "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(target),
+                   *pip_target_args(spec), "-r", str(subset)]
+        returncode, errors = _run_saying_saved(command, target, len(missing), say)
+        if returncode != 0:
+            lines = errors.strip().splitlines()
             raise GpufleetError(f"stack {spec.id}: downloading {len(missing)} wheels failed: {' / '.join(lines[-4:])}")
         for wheel in sorted(target.glob("*.whl")):
             store_in_cache(cache, wheel)
@@ -349,6 +352,29 @@ def download_missing(spec: StackSpec, entries: list[Any], cache: Path) -> int:
     if still:
         raise GpufleetError(f"stack {spec.id}: pip downloaded no file with the pinned sha256 for {', '.join(still)}")
     return len(missing)
+
+
+# pip download's line for each file it wrote ("Saved ./wheels/torch-2.13.0-....whl").
+SAVED_LINE = re.compile(r"^Saved (.+\.whl)$")
+
+
+def _run_saying_saved(command: list[str], target: Path, count: int, say: Callable[[str], None]) -> tuple[int, str]:
+    """Runs pip, saying each wheel it saves with its size and the bytes so far; returns (exit status, stderr)."""
+    done, total = 0, 0
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"}) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                saved = SAVED_LINE.match(line.strip())
+                if not saved:
+                    continue
+                wheel = target / Path(saved.group(1)).name
+                size = wheel.stat().st_size if wheel.exists() else 0
+                done, total = done + 1, total + size
+                say(f"  [{done}/{count}] {wheel.name} {size / 1e6:.1f} MB ({total / 1e9:.2f} GB so far)")
+        errors.seek(0)
+        return process.returncode, errors.read()
 
 
 def _tmp_dir(cache: Path) -> Path:
@@ -431,13 +457,13 @@ class BuildReport:
 
 
 def build(spec: StackSpec, lock_path: Path, mirror_dir: Path | None, upgrade: bool = False,
-          cache: Path | None = None) -> BuildReport:
+          cache: Path | None = None, say: Callable[[str], None] = print) -> BuildReport:
     """Lock (reused when the declaration is unchanged), download what the cache lacks, publish."""
     started = time.monotonic()
     cache = cache or cache_root() / "wheels"
-    entries, action = _lock_entries(spec, lock_path, upgrade)
+    entries, action = _lock_entries(spec, lock_path, upgrade, say)
     report = BuildReport(spec, lock_path, action, packages=len(entries))
-    report.downloaded = download_missing(spec, entries, cache)
+    report.downloaded = download_missing(spec, entries, cache, say)
     report.total_bytes = sum(cached_wheel(cache, entry).stat().st_size for entry in entries)
     if mirror_dir is not None:
         report.published = publish(spec, entries, cache, mirror_dir, lock_path)
@@ -447,15 +473,20 @@ def build(spec: StackSpec, lock_path: Path, mirror_dir: Path | None, upgrade: bo
     return report
 
 
-def _lock_entries(spec: StackSpec, lock_path: Path, upgrade: bool) -> tuple[list[Any], str]:
-    if lock_path.exists() and not upgrade:
-        lock = read_lock(lock_path)
-        if lock.header.get("spec-sha256") == spec.digest():
-            return lock.entries, "reused"
-        entries, action = _resolve_keeping(spec, lock.entries)
+def _lock_entries(spec: StackSpec, lock_path: Path, upgrade: bool,
+                  say: Callable[[str], None] = print) -> tuple[list[Any], str]:
+    previous = read_lock(lock_path) if lock_path.exists() and not upgrade else None
+    if previous is not None and previous.header.get("spec-sha256") == spec.digest():
+        return previous.entries, "reused"
+    started = time.monotonic()
+    say(f"stack {spec.id}: resolving {len(spec.requirements)} requirements for python {spec.python} on "
+        f"{spec.platform} (pip reads each candidate's metadata: minutes for a GPU stack)")
+    if previous is not None:
+        entries, action = _resolve_keeping(spec, previous.entries)
     else:
         action = "resolved" if not lock_path.exists() else "re-resolved (--upgrade)"
         entries = resolve(spec)
+    say(f"stack {spec.id}: {len(entries)} packages resolved in {time.monotonic() - started:.0f} s")
     write_lock(lock_path, spec, entries)
     return read_lock(lock_path).entries, action
 

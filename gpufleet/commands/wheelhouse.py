@@ -50,8 +50,13 @@ def run_build(args: argparse.Namespace) -> int:
     mirror_dir = None if args.no_mirror else (args.mirror_dir or _lab_mirror_dir())
     for spec in specs:
         lock_path = args.lock or wheelhouse.default_lock_path(base_dir, spec)
-        print(wheelhouse.build(spec, lock_path, mirror_dir, upgrade=args.upgrade).render(), flush=True)
+        print(wheelhouse.build(spec, lock_path, mirror_dir, upgrade=args.upgrade, say=say).render(), flush=True)
     return 0
+
+
+def say(line: str) -> None:
+    """Progress as it happens, also through a pipe."""
+    print(line, flush=True)
 
 
 def _lab_mirror_dir() -> Path:

@@ -7,6 +7,7 @@ so they need no network, no lab and no mocks.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -238,8 +239,15 @@ def test_offline_build_locks_caches_and_publishes_then_reuses(tmp_path: Path, lo
     spec = wheelhouse.spec_from_mapping(local_index, "test")
     lock_path, mirror = tmp_path / "inv" / "locks" / f"{spec.id}.lock", tmp_path / "mirror"
 
-    first = wheelhouse.build(spec, lock_path, mirror)
+    said: list[str] = []
+    first = wheelhouse.build(spec, lock_path, mirror, say=said.append)
     assert first.lock_action == "resolved" and first.packages == 2 and first.downloaded == 2
+    # Progress as it happens: the resolution, then each wheel as pip saves it, with its size and the running total.
+    assert said[0].startswith(f"stack {spec.id}: resolving 3 requirements for python 3.11 on manylinux_2_28_x86_64")
+    assert re.fullmatch(rf"stack {spec.id}: 2 packages resolved in \d+ s", said[1])
+    assert said[2] == f"stack {spec.id}: downloading 2 of 2 wheels (the others are cached)"
+    assert [re.sub(r"[0-9.]+ (MB|GB)", "N", line) for line in said[3:]] == [
+        "  [1/2] demo_app-1.0-py3-none-any.whl N (N so far)", "  [2/2] demo_lib-2.0-py3-none-any.whl N (N so far)"]
     lock = wheelhouse.read_lock(lock_path)
     assert sorted(lock.by_name()) == ["demo-app", "demo-lib"], "the excluded project is not locked"
     published = mirror / "wheels" / spec.id
@@ -250,8 +258,10 @@ def test_offline_build_locks_caches_and_publishes_then_reuses(tmp_path: Path, lo
     assert f'href="demo_lib-2.0-py3-none-any.whl#sha256={sha256(wheel)}"' in index
     assert (published / "requirements.lock").read_text() == lock_path.read_text()
 
-    second = wheelhouse.build(spec, lock_path, mirror)
+    said.clear()
+    second = wheelhouse.build(spec, lock_path, mirror, say=said.append)
     assert (second.lock_action, second.downloaded) == ("reused", 0)
+    assert said == [], "a reused lock and a full cache have nothing to say"
 
     # A wheel replaced on the mirror is put back from the cache by the next build.
     wheel.unlink()
