@@ -104,8 +104,8 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
 
 
 def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
-        nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path) -> None:
-    inventory, node, _ = nodes
+        lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path) -> None:
+    inventory, node = lab_inventory, sorted(lab_hosts)[0]
     site = "sha256sum /etc/nginx/conf.d/gpufleet-inference.conf"
     site_before = state(inventory, node, site)
     running_before = state(inventory, node, RUNNING)
