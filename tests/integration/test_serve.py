@@ -393,6 +393,7 @@ echo "vllm@greedy did not answer /health again"; exit 1
     seen = dict(line.replace("=", " ", 1).split(" ", 1) for line in result.splitlines() if line.strip())
     assert int(seen["processes"]) >= 3 and seen["health"] != "200", f"vllm@greedy was not caught starting: {result}"
     assert (seen["ActiveState"], seen["Result"]) == ("inactive", "success"), result
+    assert int(seen["stop_seconds"]) < 30, result
 
 
 def test_rerun_changes_nothing_and_restarts_nothing(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
