@@ -54,6 +54,8 @@ def test_unit_is_hardened_and_restarts(host, instance: dict) -> None:
         "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectControlGroups": "yes",
         "RestrictNamespaces": "yes", "DevicePolicy": "closed", "CapabilityBoundingSet": "", "UMask": "0077",
         "LimitNOFILE": "1048576", "ReadWritePaths": "/var/lib/vllm",
+        # SIGINT to vLLM's main process only (a starting vLLM loses SIGTERM), what is left killed at once.
+        "KillSignal": "2", "KillMode": "mixed",
     }
     assert {key: properties.get(key) for key in expected} == expected
 
