@@ -579,7 +579,8 @@ def compare_member(label: str, tar: tarfile.TarFile, member: tarfile.TarInfo, ve
                    relative: str) -> list[Finding]:
     """One tar member against the staged file, by sha256 (the member is streamed, never unpacked)."""
     stream = tar.extractfile(member)
-    assert stream is not None, "the caller passes regular file members only"
+    if stream is None:
+        raise RuntimeError("the caller passes regular file members only")
     digest = sha256_stream(stream)
     path = os.path.join(version_dir, relative)
     if not os.path.isfile(path):

@@ -147,7 +147,8 @@ def read_archive(path: str, version: str) -> dict[str, bytes]:
                                  % (path, member.name, top, version))
             if member.isfile():
                 stream = archive.extractfile(member)
-                assert stream is not None, "a regular file member always has a stream"
+                if stream is None:
+                    raise RuntimeError("a regular file member always has a stream")
                 files[name[len(top):]] = stream.read()
     missing = [name for name in REQUIRED if name not in files]
     if missing:
@@ -246,7 +247,8 @@ def main() -> None:
             plan[target[0]] = (members[name], target[1])
     library_link = os.path.join(params["libdir"], "libnvfm.so")
     unit_target = destination(UNIT, params)
-    assert unit_target is not None, "destination() places the unit, a REQUIRED member"
+    if unit_target is None:
+        raise RuntimeError("destination() places the unit, a REQUIRED member")
     unit = unit_target[0]
     record = {"version": version, "archive": os.path.basename(archive), "sha256": pinned,
               "files": sorted(target[0] for target in targets.values() if target) + [library_link]}

@@ -260,7 +260,8 @@ def build_flags(params: dict, prefix: str | None) -> list[str]:
             x_check=params["x_check"],
             extra=params["extra_flags"],
         )
-    assert prefix is not None, "main() gives every toolkit run a prefix"
+    if prefix is None:
+        raise RuntimeError("main() gives every toolkit run a prefix")
     return toolkit_flags(
         prefix,
         override=params["override"],
@@ -296,7 +297,8 @@ def unmanaged_install(module: AnsibleModule, kind: str, prefix: str | None) -> s
     if kind == "driver":
         state, version = loaded_driver_state(loaded_driver_from_kernel())
         return version if state == "loaded" and version else None
-    assert prefix is not None, "main() gives every toolkit run a prefix"
+    if prefix is None:
+        raise RuntimeError("main() gives every toolkit run a prefix")
     nvcc = os.path.join(prefix, "bin", "nvcc")
     if not os.path.exists(nvcc):
         return None
@@ -308,7 +310,8 @@ def detect(kind: str, prefix: str | None) -> str | None:
     """The installed version of this kind (under prefix for a toolkit)."""
     if kind == "driver":
         return installed_driver()
-    assert prefix is not None, "main() gives every toolkit run a prefix"
+    if prefix is None:
+        raise RuntimeError("main() gives every toolkit run a prefix")
     return installed_toolkit(prefix)
 
 
