@@ -25,7 +25,6 @@ class HostCounts:
     ok: int = 0
     changed: int = 0
     failed: int = 0
-    skipped: int = 0
 
     def describe(self) -> str:
         parts = [f"{self.ok} ok", f"{self.changed} changed"]
@@ -67,9 +66,7 @@ class LayerProgress:
             counts.failed += 1
             self.failed_hosts.add(host)
             self.say(f"{host}: {status.upper()} in {self.play!r} at {data.get('task', '?')!r}: {message(result)}")
-        elif status == "skipped":
-            counts.skipped += 1
-        else:
+        elif status != "skipped":
             counts.ok += 1
             counts.changed += bool(result.get("changed"))
         facts = result.get("ansible_facts") or {}
