@@ -20,8 +20,8 @@ from gpufleet.errors import GpufleetError
 from gpufleet.report import FleetReport, ReportError, load_report
 from gpufleet.runner import run_playbook, runs_dir
 
-# In provisioning order, from the layer registry (playbooks/vars/layers.yml); one file per layer in
-# playbooks/drift/layers/.
+# In provisioning order, from the layer registry (playbooks/vars/layers.yml); each layer is compared by the
+# task file of the role that owns it (roles/<role>/tasks/drift.yml).
 LAYERS = layer_registry.names()
 REPORT_SUBDIR = "drift"
 RUN_SUFFIX = "-drift"

@@ -1,9 +1,11 @@
-"""The layer registry (playbooks/vars/layers.yml) as Python: names, order, playbooks and what is built on what."""
+"""The layer registry (playbooks/vars/layers.yml) as Python: names, order, owning roles, playbooks and what is
+built on what."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import yaml
 
@@ -18,13 +20,22 @@ class Layer:
     playbook: str | None
     provided_by: str | None
     needed_by: tuple[str, ...]
+    # The role that owns the layer, and its task file that compares it (drift/layer.yml includes it).
+    role: str
+    drift_tasks: str = "drift.yml"
+
+    @property
+    def drift_file(self) -> Path:
+        """roles/<role>/tasks/<drift_tasks>: the task file drift.yml runs for this layer."""
+        return PROJECT_ROOT / "roles" / self.role / "tasks" / self.drift_tasks
 
 
 @lru_cache(maxsize=1)
 def registry() -> tuple[Layer, ...]:
     entries = yaml.safe_load(REGISTRY.read_text())["gpufleet_layers"]
     return tuple(Layer(entry["name"], entry.get("playbook"), entry.get("provided_by"),
-                       tuple(entry.get("needed_by", ()))) for entry in entries)
+                       tuple(entry.get("needed_by", ())), entry["role"],
+                       entry.get("drift_tasks", "drift.yml")) for entry in entries)
 
 
 def names() -> tuple[str, ...]:

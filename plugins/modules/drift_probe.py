@@ -11,8 +11,9 @@ short_description: Compare one provisioning layer's declared state with the host
 description:
   - Runs every check of one layer (a list of O(checks), each with a C(kind)) in one call and returns the layer's
     drift, the values that differ from the declared ones with the expected and the actual value each.
-  - Used by C(playbooks/drift.yml), whose layer files build the checks from the same inventory variables the
-    provisioning roles use (and render the roles' own templates on the controller for file contents).
+  - Used by C(playbooks/drift.yml), where each role's C(tasks/drift.yml) builds the checks from what the role
+    declares it manages (its C(vars/main.yml), the same variables its tasks read) and renders its own templates
+    on the controller for file contents.
   - Kinds of the system are C(file), C(directory), C(link), C(absent), C(packages), C(held), C(user), C(service),
     C(sysctl), C(http). Kinds of the stack reuse the logic of the module that provisions the layer - C(driver) and
     C(dkms) (nvidia_runfile), C(fabric_manager) (nvidia_fabric_manager), C(gpus) (nvidia_gpu_info expectations),

@@ -59,3 +59,19 @@ def test_rebuild_runs_the_layers_through_site() -> None:
     assert plays[-1]["ansible.builtin.import_playbook"] == "site.yml"
     layer_playbooks = {layer.playbook for layer in layers.registry() if layer.playbook}
     assert not any(entry.get("ansible.builtin.import_playbook") in layer_playbooks for entry in plays)
+
+
+def test_rebuild_asks_the_roles_to_reset_themselves() -> None:
+    # The clearing play holds no role internals: each step is a role's `reset` entry point (or the record of
+    # what vllm_service's stopped, which resume.yml reads).
+    clearing = yaml.safe_load((PLAYBOOKS / "rebuild.yml").read_text())[1]
+    resets = []
+    for task in clearing["tasks"]:
+        if "ansible.builtin.set_fact" in task:
+            assert set(task["ansible.builtin.set_fact"]) == {"rebuild_stopped_instances"}
+            continue
+        include = task["ansible.builtin.include_role"]
+        assert include["tasks_from"] == "reset.yml" and "when" in task, task["name"]
+        assert (PROJECT_ROOT / "roles" / include["name"] / "tasks" / "reset.yml").is_file()
+        resets.append(include["name"])
+    assert resets == ["vllm_service", "inference_venv", "model_store", "nvidia_driver", "cuda_toolkit"]
