@@ -42,6 +42,7 @@ deps:
 
 lint: venv
 	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
 	$(VENV)/bin/ansible-lint
 	$(VENV)/bin/mypy
 

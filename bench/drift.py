@@ -24,8 +24,16 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from gpufleet.drift import LAYERS, inventory_hosts, parse_layers, run_drift  # noqa: E402
 
 # The playbook that provisions each layer (gpu_health has none: the driver's covers it).
-LAYER_PLAYBOOKS = {"base": "base", "driver": "driver", "toolkit": "toolkit", "python": "python", "venv": "venv",
-                   "kernels": "kernels", "model": "model", "serve": "serve"}
+LAYER_PLAYBOOKS = {
+    "base": "base",
+    "driver": "driver",
+    "toolkit": "toolkit",
+    "python": "python",
+    "venv": "venv",
+    "kernels": "kernels",
+    "model": "model",
+    "serve": "serve",
+}
 DEFAULT_LAYERS = "base,driver,gpu_health,toolkit,python,venv,kernels,model"
 
 
@@ -40,12 +48,29 @@ def time_check_mode(inventory: Path, hosts: list[str], layers: list[str]) -> tup
     names = [LAYER_PLAYBOOKS[layer] for layer in layers if layer in LAYER_PLAYBOOKS]
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-") as directory:
         book = Path(directory) / "check.yml"
-        book.write_text("".join(f"- name: {name}\n  ansible.builtin.import_playbook: {PROJECT_ROOT}/playbooks/{name}.yml\n"
-                                for name in names))
+        book.write_text(
+            "".join(
+                f"- name: {name}\n  ansible.builtin.import_playbook: {PROJECT_ROOT}/playbooks/{name}.yml\n"
+                for name in names
+            )
+        )
         started = time.monotonic()
-        result = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory), "--check",
-                                 "--limit", ",".join(hosts), str(book)], capture_output=True, text=True, cwd=PROJECT_ROOT,
-                                env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")), check=False)
+        result = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("ansible-playbook")),
+                "-i",
+                str(inventory),
+                "--check",
+                "--limit",
+                ",".join(hosts),
+                str(book),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
+            check=False,
+        )
     return time.monotonic() - started, result.returncode
 
 
@@ -65,13 +90,17 @@ def main() -> int:
             continue
         hosts = available[:count]
         drift = min((time_drift(args.inventory, hosts, layers) for _ in range(args.rounds)), key=lambda item: item[0])
-        check = min((time_check_mode(args.inventory, hosts, layers) for _ in range(args.rounds)), key=lambda item: item[0])
+        check = min(
+            (time_check_mode(args.inventory, hosts, layers) for _ in range(args.rounds)), key=lambda item: item[0]
+        )
         rows.append((count, drift, check))
     print(f"drift run vs ansible-playbook --check of the layer playbooks; layers: {', '.join(layers)}")
     print(f"{'nodes':>5}  {'gpufleet drift':>15}  {'--check playbooks':>18}  {'ratio':>6}")
     for count, (drift, drift_rc), (check, check_rc) in rows:
-        print(f"{count:>5}  {drift:>13.1f} s  {check:>16.1f} s  {check / drift:>5.1f}x"
-              f"   (drift exit {drift_rc}, --check exit {check_rc})")
+        print(
+            f"{count:>5}  {drift:>13.1f} s  {check:>16.1f} s  {check / drift:>5.1f}x"
+            f"   (drift exit {drift_rc}, --check exit {check_rc})"
+        )
     return 0
 
 

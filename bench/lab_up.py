@@ -37,8 +37,13 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=2)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-", dir="/var/tmp"))
-    env = dict(os.environ, GPUFLEET_CACHE=str(work / "cache"), GPUFLEET_LAB_DIR=str(work / "lab"),
-               GPUFLEET_LAB_PREFIX="bench", GPUFLEET_LAB_INVENTORY=str(work / "hosts.yml"))
+    env = dict(
+        os.environ,
+        GPUFLEET_CACHE=str(work / "cache"),
+        GPUFLEET_LAB_DIR=str(work / "lab"),
+        GPUFLEET_LAB_PREFIX="bench",
+        GPUFLEET_LAB_INVENTORY=str(work / "hosts.yml"),
+    )
     up = [str(GPUFLEET), "lab", "up", "--hosts", str(args.hosts)]
     down = [str(GPUFLEET), "lab", "down"]
     figures: dict[str, float] = {}

@@ -46,8 +46,14 @@ def cache_dir() -> Path:
 
 def ansible(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    return subprocess.run([str(Path(sys.executable).parent / tool), "-i", str(INVENTORY), *args],
-                          capture_output=True, text=True, cwd=REPO, env=env, check=False)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / tool), "-i", str(INVENTORY), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        check=False,
+    )
 
 
 def run_playbooks(playbooks: list[str], limit: str) -> Run:
@@ -121,11 +127,15 @@ def main() -> int:
     print(f"Python layer, first host ({first}) vs second host ({second}); seconds of ansible-playbook per step")
     print(f"  {'step':<9}{'first host':>12}  {'':<30}{'second host':>12}  ")
     for step, on_first, on_second in rows:
-        print(f"  {step:<9}{on_first.seconds:>11.1f}s  {provenance(step, on_first):<30}"
-              f"{on_second.seconds:>11.1f}s  {provenance(step, on_second)}")
+        print(
+            f"  {step:<9}{on_first.seconds:>11.1f}s  {provenance(step, on_first):<30}"
+            f"{on_second.seconds:>11.1f}s  {provenance(step, on_second)}"
+        )
     total_changed = sum(rerun.changed.values())
-    print(f"  no-op rerun of all three steps on both hosts: {rerun.seconds:.1f}s, changed={total_changed} "
-          f"({', '.join(f'{h}: {c}' for h, c in sorted(rerun.changed.items()))})")
+    print(
+        f"  no-op rerun of all three steps on both hosts: {rerun.seconds:.1f}s, changed={total_changed} "
+        f"({', '.join(f'{h}: {c}' for h, c in sorted(rerun.changed.items()))})"
+    )
     return 0 if total_changed == 0 else 1
 
 

@@ -49,8 +49,11 @@ class Client(threading.Thread):
 
     def send(self, address: str) -> str:
         body = json.dumps({"model": self.model, "prompt": "A GPU fleet is", "max_tokens": 4}).encode()
-        request = urllib.request.Request(f"https://{address}/v1/completions", data=body, headers={
-            "Content-Type": "application/json", "Authorization": f"Bearer {self.key}"})
+        request = urllib.request.Request(
+            f"https://{address}/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=60, context=self.context) as answer:
                 return str(answer.status)
@@ -68,17 +71,21 @@ class Client(threading.Thread):
 
 def rollout(inventory: Path, hosts: list[str], runs: Path) -> tuple[float, dict[str, float], str]:
     started = time.monotonic()
-    result = subprocess.run([str(GPUFLEET), "upgrade", "-i", str(inventory), "--limit", ",".join(hosts),
-                             "--max-unavailable", "1"], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                            env=dict(os.environ, GPUFLEET_RUNS_DIR=str(runs)), check=False)
+    result = subprocess.run(
+        [str(GPUFLEET), "upgrade", "-i", str(inventory), "--limit", ",".join(hosts), "--max-unavailable", "1"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, GPUFLEET_RUNS_DIR=str(runs)),
+        check=False,
+    )
     wall = time.monotonic() - started
     if result.returncode != 0:
         sys.exit(f"bench: the upgrade failed ({result.returncode}):\n{result.stdout[-6000:]}{result.stderr[-3000:]}")
     return wall, {node: float(seconds) for node, seconds in NODE_LINE.findall(result.stdout)}, result.stdout
 
 
-def measured(name: str, inventory: Path, hosts: list[str], addresses: dict[str, str], rate: float,
-             runs: Path) -> None:
+def measured(name: str, inventory: Path, hosts: list[str], addresses: dict[str, str], rate: float, runs: Path) -> None:
     client = Client(addresses, rate)
     client.start()
     try:
@@ -87,16 +94,22 @@ def measured(name: str, inventory: Path, hosts: list[str], addresses: dict[str, 
         client.stop.set()
         client.join()
     answers = collections.Counter(status for (_, status) in client.counts.elements())
-    print(f"{name}: {len(hosts)} nodes, max 1 unavailable: wall {wall:.0f} s; per-node upgrade times "
-          + ", ".join(f"{node} {seconds:.0f} s" for node, seconds in sorted(per_node.items()))
-          + f" (sum {sum(per_node.values()):.0f} s; the rest is the drift check, preflight and the rollout's checks)")
-    print(f"{name}: requests {sum(answers.values())}: answered {answers.get('200', 0)}, refused by a drained node "
-          f"(503 + Retry-After) {answers.get('503 drained', 0)}, failed otherwise "
-          f"{sum(n for status, n in answers.items() if status not in ('200', '503 drained'))} "
-          f"{dict((s, n) for s, n in answers.items() if s not in ('200', '503 drained'))}")
+    print(
+        f"{name}: {len(hosts)} nodes, max 1 unavailable: wall {wall:.0f} s; per-node upgrade times "
+        + ", ".join(f"{node} {seconds:.0f} s" for node, seconds in sorted(per_node.items()))
+        + f" (sum {sum(per_node.values()):.0f} s; the rest is the drift check, preflight and the rollout's checks)"
+    )
+    print(
+        f"{name}: requests {sum(answers.values())}: answered {answers.get('200', 0)}, refused by a drained node "
+        f"(503 + Retry-After) {answers.get('503 drained', 0)}, failed otherwise "
+        f"{sum(n for status, n in answers.items() if status not in ('200', '503 drained'))} "
+        f"{dict((s, n) for s, n in answers.items() if s not in ('200', '503 drained'))}"
+    )
     for node in sorted(addresses):
-        print(f"  {node}: " + ", ".join(f"{status} x{n}" for (host, status), n in sorted(client.counts.items())
-                                        if host == node))
+        print(
+            f"  {node}: "
+            + ", ".join(f"{status} x{n}" for (host, status), n in sorted(client.counts.items()) if host == node)
+        )
 
 
 def main() -> int:

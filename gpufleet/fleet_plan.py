@@ -70,14 +70,14 @@ def classes(plans: list[HostPlan]) -> list[StackClass]:
         chain = plan.result["chain"]
         key = json.dumps(without_urls([chain, plan.result["artifacts"]]), sort_keys=True)
         if key not in grouped:
-            grouped[key] = StackClass(chain, plan.result["stack"], plan.result["artifacts"],
-                                      list(plan.result.get("warnings") or []))
+            grouped[key] = StackClass(
+                chain, plan.result["stack"], plan.result["artifacts"], list(plan.result.get("warnings") or [])
+            )
         grouped[key].hosts.append(plan.host)
     return list(grouped.values())
 
 
-def plan_inventory(inventory: Path, limit: str | None = None,
-                   envvars: dict[str, str] | None = None) -> list[HostPlan]:
+def plan_inventory(inventory: Path, limit: str | None = None, envvars: dict[str, str] | None = None) -> list[HostPlan]:
     if not inventory.exists():
         raise GpufleetError(f"inventory {inventory} does not exist")
     events: list[dict[str, Any]] = []
@@ -87,12 +87,22 @@ def plan_inventory(inventory: Path, limit: str | None = None,
         return True
 
     with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as runs:
-        result = run_playbook("preflight.yml", inventory, limit=limit, check=True, quiet=True, runs_root=Path(runs),
-                              envvars=envvars, event_handler=keep)
+        result = run_playbook(
+            "preflight.yml",
+            inventory,
+            limit=limit,
+            check=True,
+            quiet=True,
+            runs_root=Path(runs),
+            envvars=envvars,
+            event_handler=keep,
+        )
     plans = collect(events)
     if not plans:
-        raise GpufleetError(f"no host of {inventory} was validated (preflight rc {result.rc}, {result.status}): "
-                            "the inventory has no group gpu_nodes, or --limit matches no host of it")
+        raise GpufleetError(
+            f"no host of {inventory} was validated (preflight rc {result.rc}, {result.status}): "
+            "the inventory has no group gpu_nodes, or --limit matches no host of it"
+        )
     return plans
 
 
@@ -101,17 +111,35 @@ def document(inventory: Path, plans: list[HostPlan]) -> dict[str, Any]:
         "schema": SCHEMA,
         "inventory": str(inventory),
         "compatible": all(plan.ok for plan in plans),
-        "classes": [{"hosts": item.hosts, "stack": item.stack, "chain": item.chain, "artifacts": item.artifacts,
-                     "warnings": item.warnings} for item in classes(plans)],
-        "failed": [{"host": plan.host, "message": plan.message, "errors": plan.result.get("errors", []),
-                    "conflicts": plan.result.get("conflicts", [])} for plan in plans if not plan.ok],
+        "classes": [
+            {
+                "hosts": item.hosts,
+                "stack": item.stack,
+                "chain": item.chain,
+                "artifacts": item.artifacts,
+                "warnings": item.warnings,
+            }
+            for item in classes(plans)
+        ],
+        "failed": [
+            {
+                "host": plan.host,
+                "message": plan.message,
+                "errors": plan.result.get("errors", []),
+                "conflicts": plan.result.get("conflicts", []),
+            }
+            for plan in plans
+            if not plan.ok
+        ],
     }
 
 
 def render(plan: dict[str, Any]) -> str:
-    lines = [f"inventory {plan['inventory']}: "
-             + ("COMPATIBLE" if plan["compatible"] else "NOT COMPATIBLE")
-             + f", {len(plan['classes'])} GPU class(es), {len(plan['failed'])} host(s) failing"]
+    lines = [
+        f"inventory {plan['inventory']}: "
+        + ("COMPATIBLE" if plan["compatible"] else "NOT COMPATIBLE")
+        + f", {len(plan['classes'])} GPU class(es), {len(plan['failed'])} host(s) failing"
+    ]
     for number, item in enumerate(plan["classes"], start=1):
         lines.append("")
         lines.append(f"class {number}: {len(item['hosts'])} host(s): {', '.join(item['hosts'])}")
@@ -135,8 +163,8 @@ def chain_lines(stack: dict[str, Any], chain: dict[str, Any]) -> list[str]:
     lines = [
         f"gpu        {', '.join(gpus)}",
         f"driver     {stack['driver'] or '-'}",
-        f"cuda       {', '.join(toolkits) or '-'}" + (f" (active {chain['toolkit']['version']})" if len(toolkits) > 1
-                                                      else ""),
+        f"cuda       {', '.join(toolkits) or '-'}"
+        + (f" (active {chain['toolkit']['version']})" if len(toolkits) > 1 else ""),
         f"python     {chain['python']['version']} (declared {stack['python']})",
         f"torch      {stack['torch']}+{stack['torch_variant']}",
         f"vllm       {stack['vllm_package']} {stack['vllm'] or '-'}",

@@ -33,9 +33,17 @@ class Layer:
 @lru_cache(maxsize=1)
 def registry() -> tuple[Layer, ...]:
     entries = yaml.safe_load(REGISTRY.read_text())["gpufleet_layers"]
-    return tuple(Layer(entry["name"], entry.get("playbook"), entry.get("provided_by"),
-                       tuple(entry.get("needed_by", ())), entry["role"],
-                       entry.get("drift_tasks", "drift.yml")) for entry in entries)
+    return tuple(
+        Layer(
+            entry["name"],
+            entry.get("playbook"),
+            entry.get("provided_by"),
+            tuple(entry.get("needed_by", ())),
+            entry["role"],
+            entry.get("drift_tasks", "drift.yml"),
+        )
+        for entry in entries
+    )
 
 
 def names() -> tuple[str, ...]:

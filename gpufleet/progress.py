@@ -15,8 +15,12 @@ from dataclasses import dataclass, field
 # The facts in which a run records the vllm@ instances it stopped and must start again (playbooks/resume.yml
 # empties them once they serve again).
 STOPPED_FACTS = ("nvidia_driver_stopped_instances", "rebuild_stopped_instances")
-RESULT_EVENTS = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_skipped": "skipped",
-                 "runner_on_unreachable": "unreachable"}
+RESULT_EVENTS = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failed",
+    "runner_on_skipped": "skipped",
+    "runner_on_unreachable": "unreachable",
+}
 MESSAGE_LIMIT = 400
 
 
@@ -87,9 +91,11 @@ class LayerProgress:
         for host, lists in sorted(self.stopped.items()):
             instances = sorted({name for names in lists.values() for name in names})
             if instances and host in self.failed_hosts:
-                self.say(f"{host}: NOT SERVING {', '.join(instances)}: the run stopped them (for the driver or the "
-                         f"rebuild) and failed before it started them again; after fixing the failure above, start "
-                         f"them with: gpufleet provision -i INVENTORY --limit {host} --tags serve")
+                self.say(
+                    f"{host}: NOT SERVING {', '.join(instances)}: the run stopped them (for the driver or the "
+                    f"rebuild) and failed before it started them again; after fixing the failure above, start "
+                    f"them with: gpufleet provision -i INVENTORY --limit {host} --tags serve"
+                )
 
 
 def message(result: dict) -> str:
@@ -100,8 +106,9 @@ def message(result: dict) -> str:
 
 
 def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="show ansible's own output instead of a line per host and layer")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show ansible's own output instead of a line per host and layer"
+    )
 
 
 def progress_options(verbose: bool) -> dict:

@@ -67,8 +67,13 @@ class DriftItem:
 
     @classmethod
     def from_dict(cls, data: dict) -> DriftItem:
-        return cls(str(data.get("check", "")), str(data.get("field", "")), data.get("expected"), data.get("actual"),
-                   str(data.get("detail") or ""))
+        return cls(
+            str(data.get("check", "")),
+            str(data.get("field", "")),
+            data.get("expected"),
+            data.get("actual"),
+            str(data.get("detail") or ""),
+        )
 
     def key(self) -> tuple[str, str]:
         return self.check, self.field
@@ -93,13 +98,24 @@ class LayerResult:
         status = str(data.get("status", "error"))
         if status not in LAYER_STATUSES:
             raise ReportError(f"unknown layer status {status!r}")
-        return cls(status, [DriftItem.from_dict(item) for item in data.get("drift") or []],
-                   str(data.get("message") or ""), int(data.get("checked") or 0),
-                   [str(note) for note in data.get("notes") or []], list(data.get("errors") or []))
+        return cls(
+            status,
+            [DriftItem.from_dict(item) for item in data.get("drift") or []],
+            str(data.get("message") or ""),
+            int(data.get("checked") or 0),
+            [str(note) for note in data.get("notes") or []],
+            list(data.get("errors") or []),
+        )
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "checked": self.checked, "message": self.message, "notes": self.notes,
-                "errors": self.errors, "drift": [vars(item) for item in self.drift]}
+        return {
+            "status": self.status,
+            "checked": self.checked,
+            "message": self.message,
+            "notes": self.notes,
+            "errors": self.errors,
+            "drift": [vars(item) for item in self.drift],
+        }
 
     def summary(self) -> str:
         """The layer in a few words: what differs, or why it was not compared."""
@@ -127,8 +143,11 @@ class NodeResult:
         return "ok"
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "message": self.message,
-                "layers": {name: layer.to_dict() for name, layer in self.layers.items()}}
+        return {
+            "status": self.status,
+            "message": self.message,
+            "layers": {name: layer.to_dict() for name, layer in self.layers.items()},
+        }
 
 
 @dataclass
@@ -157,8 +176,11 @@ class FleetReport:
 
     def not_compared(self) -> list[str]:
         """Nodes the run could not compare (wholly or in part), with why: 'lab-3 (unreachable)'."""
-        return [f"{name} ({node.status})" for name, node in sorted(self.nodes.items())
-                if node.status in ("unreachable", "error")]
+        return [
+            f"{name} ({node.status})"
+            for name, node in sorted(self.nodes.items())
+            if node.status in ("unreachable", "error")
+        ]
 
     def summary(self) -> dict:
         counts = {status: self.count(status) for status in NODE_STATUSES}
@@ -166,9 +188,15 @@ class FleetReport:
 
     def to_dict(self) -> dict:
         return {
-            "schema": SCHEMA_NAME, "version": SCHEMA_VERSION, "run_id": self.run_id, "started": self.started,
-            "finished": self.finished, "duration_seconds": round(self.duration_seconds, 1),
-            "playbook": self.playbook, "layers": self.layers, "summary": self.summary(),
+            "schema": SCHEMA_NAME,
+            "version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "started": self.started,
+            "finished": self.finished,
+            "duration_seconds": round(self.duration_seconds, 1),
+            "playbook": self.playbook,
+            "layers": self.layers,
+            "summary": self.summary(),
             "nodes": {name: self.nodes[name].to_dict() for name in sorted(self.nodes)},
         }
 
@@ -177,15 +205,23 @@ class FleetReport:
         if data.get("schema") != SCHEMA_NAME:
             raise ReportError(f"not a {SCHEMA_NAME} document (schema {data.get('schema')!r})")
         if data.get("version") != SCHEMA_VERSION:
-            raise ReportError(f"report version {data.get('version')!r} is not supported (this gpufleet reads "
-                              f"version {SCHEMA_VERSION})")
+            raise ReportError(
+                f"report version {data.get('version')!r} is not supported (this gpufleet reads "
+                f"version {SCHEMA_VERSION})"
+            )
         nodes = {}
         for name, node in (data.get("nodes") or {}).items():
             layers = {layer: LayerResult.from_dict(result) for layer, result in (node.get("layers") or {}).items()}
             nodes[name] = NodeResult(name, layers, str(node.get("message") or ""))
-        return cls(list(data.get("layers") or []), nodes, str(data.get("run_id") or ""), str(data.get("started") or ""),
-                   str(data.get("finished") or ""), float(data.get("duration_seconds") or 0.0),
-                   str(data.get("playbook") or ""))
+        return cls(
+            list(data.get("layers") or []),
+            nodes,
+            str(data.get("run_id") or ""),
+            str(data.get("started") or ""),
+            str(data.get("finished") or ""),
+            float(data.get("duration_seconds") or 0.0),
+            str(data.get("playbook") or ""),
+        )
 
 
 def format_value(value: Any) -> str:
@@ -210,6 +246,7 @@ def load_report(path: Path) -> FleetReport:
 
 
 # ---- building a report from a run's results ------------------------------------------------------
+
 
 class ReportBuilder:
     """Collects the results of a drift run, as the callback plugin receives them, into a FleetReport.
@@ -251,8 +288,13 @@ class ReportBuilder:
 
     def build(self, run_id: str = "") -> FleetReport:
         order = self._layer_order()
-        report = FleetReport(order, run_id=run_id, started=self.started, finished=utc_now(),
-                             duration_seconds=time.monotonic() - self.clock)
+        report = FleetReport(
+            order,
+            run_id=run_id,
+            started=self.started,
+            finished=utc_now(),
+            duration_seconds=time.monotonic() - self.clock,
+        )
         for host in sorted(self.results):
             node = NodeResult(host, message=self.unreachable.get(host, ""))
             for layer in self.plans.get(host, order):
@@ -278,6 +320,7 @@ class ReportBuilder:
 
 
 # ---- comparing two runs ----------------------------------------------------------------------------------
+
 
 @dataclass
 class Change:
@@ -310,8 +353,11 @@ def compare_nodes(node: str, before: NodeResult, after: NodeResult) -> list[Chan
     for layer in list(after.layers) + [name for name in before.layers if name not in after.layers]:
         old, new = before.layers.get(layer), after.layers.get(layer)
         if old is None or new is None:
-            changes.append(Change(node, layer, "compared only in the newer run" if old is None
-                                  else "compared only in the older run"))
+            changes.append(
+                Change(
+                    node, layer, "compared only in the newer run" if old is None else "compared only in the older run"
+                )
+            )
             continue
         if old.status != new.status:
             changes.append(Change(node, layer, f"{old.status} -> {new.status}"))
@@ -327,11 +373,23 @@ def compare_items(node: str, layer: str, old: LayerResult, new: LayerResult) -> 
         if key not in before:
             changes.append(Change(node, layer, f"new drift: {after[key].describe()}"))
         elif key not in after:
-            changes.append(Change(node, layer, f"back to declared: {before[key].check}: {before[key].field} "
-                                               f"({format_value(before[key].expected)})"))
+            changes.append(
+                Change(
+                    node,
+                    layer,
+                    f"back to declared: {before[key].check}: {before[key].field} "
+                    f"({format_value(before[key].expected)})",
+                )
+            )
         elif before[key].actual != after[key].actual:
-            changes.append(Change(node, layer, f"{after[key].check}: {after[key].field} now "
-                                               f"{format_value(after[key].actual)} (was {format_value(before[key].actual)})"))
+            changes.append(
+                Change(
+                    node,
+                    layer,
+                    f"{after[key].check}: {after[key].field} now "
+                    f"{format_value(after[key].actual)} (was {format_value(before[key].actual)})",
+                )
+            )
     return changes
 
 
@@ -340,8 +398,13 @@ def compare_items(node: str, layer: str, old: LayerResult, new: LayerResult) -> 
 _ITEM = {
     "type": "object",
     "required": ["check", "field", "expected", "actual", "detail"],
-    "properties": {"check": {"type": "string"}, "field": {"type": "string"}, "expected": {}, "actual": {},
-                   "detail": {"type": "string"}},
+    "properties": {
+        "check": {"type": "string"},
+        "field": {"type": "string"},
+        "expected": {},
+        "actual": {},
+        "detail": {"type": "string"},
+    },
 }
 _LAYER = {
     "type": "object",
@@ -359,8 +422,18 @@ JSON_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "gpufleet drift report, version 1",
     "type": "object",
-    "required": ["schema", "version", "run_id", "started", "finished", "duration_seconds", "playbook", "layers",
-                 "summary", "nodes"],
+    "required": [
+        "schema",
+        "version",
+        "run_id",
+        "started",
+        "finished",
+        "duration_seconds",
+        "playbook",
+        "layers",
+        "summary",
+        "nodes",
+    ],
     "properties": {
         "schema": {"const": SCHEMA_NAME},
         "version": {"const": SCHEMA_VERSION},
@@ -373,17 +446,22 @@ JSON_SCHEMA = {
         "summary": {
             "type": "object",
             "required": ["nodes", *NODE_STATUSES, "exit_code"],
-            "properties": {"nodes": {"type": "integer"},
-                           "exit_code": {"enum": [EXIT_OK, EXIT_FAILED, EXIT_DRIFT, EXIT_DRIFT_INCOMPLETE]},
-                           **{status: {"type": "integer"} for status in NODE_STATUSES}},
+            "properties": {
+                "nodes": {"type": "integer"},
+                "exit_code": {"enum": [EXIT_OK, EXIT_FAILED, EXIT_DRIFT, EXIT_DRIFT_INCOMPLETE]},
+                **{status: {"type": "integer"} for status in NODE_STATUSES},
+            },
         },
         "nodes": {
             "type": "object",
             "additionalProperties": {
                 "type": "object",
                 "required": ["status", "message", "layers"],
-                "properties": {"status": {"enum": list(NODE_STATUSES)}, "message": {"type": "string"},
-                               "layers": {"type": "object", "additionalProperties": _LAYER}},
+                "properties": {
+                    "status": {"enum": list(NODE_STATUSES)},
+                    "message": {"type": "string"},
+                    "layers": {"type": "object", "additionalProperties": _LAYER},
+                },
             },
         },
     },

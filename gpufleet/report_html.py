@@ -11,15 +11,38 @@ from gpufleet.report import LAYER_STATUSES, DriftItem, FleetReport, LayerResult,
 
 # One background colour per status, each exact and distinct, so a screenshot of the page can be checked
 # pixel by pixel (tests/unit/test_report_html.py counts them).
-COLOURS = {"ok": "#2e9e44", "drifted": "#e0452b", "not_declared": "#dcdcdc", "unreachable": "#4a4a4a",
-           "error": "#7b2d8e", "cordoned": "#2f6fd6"}
-TEXT_COLOURS = {"ok": "#ffffff", "drifted": "#ffffff", "not_declared": "#333333", "unreachable": "#ffffff",
-                "error": "#ffffff", "cordoned": "#ffffff"}
-LABELS = {"ok": "ok", "drifted": "drifted", "not_declared": "not declared", "unreachable": "unreachable",
-          "error": "error", "cordoned": "cordoned"}
-MEANINGS = {"ok": "every check matches", "drifted": "a declared value differs",
-            "not_declared": "the inventory does not declare the layer", "unreachable": "the node was not reached",
-            "error": "the layer could not be compared", "cordoned": "taken out of service by an operator"}
+COLOURS = {
+    "ok": "#2e9e44",
+    "drifted": "#e0452b",
+    "not_declared": "#dcdcdc",
+    "unreachable": "#4a4a4a",
+    "error": "#7b2d8e",
+    "cordoned": "#2f6fd6",
+}
+TEXT_COLOURS = {
+    "ok": "#ffffff",
+    "drifted": "#ffffff",
+    "not_declared": "#333333",
+    "unreachable": "#ffffff",
+    "error": "#ffffff",
+    "cordoned": "#ffffff",
+}
+LABELS = {
+    "ok": "ok",
+    "drifted": "drifted",
+    "not_declared": "not declared",
+    "unreachable": "unreachable",
+    "error": "error",
+    "cordoned": "cordoned",
+}
+MEANINGS = {
+    "ok": "every check matches",
+    "drifted": "a declared value differs",
+    "not_declared": "the inventory does not declare the layer",
+    "unreachable": "the node was not reached",
+    "error": "the layer could not be compared",
+    "cordoned": "taken out of service by an operator",
+}
 
 BASE_CSS = """
 body { font-family: sans-serif; margin: 24px; color: #222222; background: #ffffff; }
@@ -51,16 +74,28 @@ def _nodes(count: int) -> str:
 
 
 def stylesheet() -> str:
-    rules = [f"td.status-{status}, span.status-{status} {{ background: {COLOURS[status]}; "
-             f"color: {TEXT_COLOURS[status]}; }}" for status in LAYER_STATUSES]
+    rules = [
+        f"td.status-{status}, span.status-{status} {{ background: {COLOURS[status]}; color: {TEXT_COLOURS[status]}; }}"
+        for status in LAYER_STATUSES
+    ]
     return BASE_CSS + "\n".join(rules) + "\n"
 
 
 def to_html(report: FleetReport) -> str:
     title = f"gpufleet drift report {report.run_id or 'unnamed'}"
-    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-             f"<title>{_e(title)}</title>", f"<style>{stylesheet()}</style>", "</head>", "<body>",
-             _heading(report), _table(report), _legend()]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f"<title>{_e(title)}</title>",
+        f"<style>{stylesheet()}</style>",
+        "</head>",
+        "<body>",
+        _heading(report),
+        _table(report),
+        _legend(),
+    ]
     numbered = sorted(report.nodes.items())
     parts += [_node_section(index, node) for index, (_, node) in enumerate(numbered) if node.status != "ok"]
     parts += [_not_declared(report), "</body>", "</html>"]
@@ -70,17 +105,23 @@ def to_html(report: FleetReport) -> str:
 def _heading(report: FleetReport) -> str:
     summary = report.summary()
     counts = [f"<li>{_nodes(summary['nodes'])}</li>"]
-    counts += [f'<li class="count-{status}">{summary[status]} {LABELS[status]}</li>'
-               for status in ("ok", "drifted", "unreachable", "error", "cordoned")
-               if status != "cordoned" or summary["cordoned"]]
+    counts += [
+        f'<li class="count-{status}">{summary[status]} {LABELS[status]}</li>'
+        for status in ("ok", "drifted", "unreachable", "error", "cordoned")
+        if status != "cordoned" or summary["cordoned"]
+    ]
     counts.append(f'<li class="exit-code">exit code {summary["exit_code"]}</li>')
-    lines = ["<h1>gpufleet drift report</h1>",
-             f'<p class="run">Run <code>{_e(report.run_id or "unnamed")}</code>, {_e(report.started)} to '
-             f"{_e(report.finished)} ({report.duration_seconds:.1f} s), playbook <code>{_e(report.playbook)}</code></p>",
-             '<ul class="summary">' + "".join(counts) + "</ul>"]
+    lines = [
+        "<h1>gpufleet drift report</h1>",
+        f'<p class="run">Run <code>{_e(report.run_id or "unnamed")}</code>, {_e(report.started)} to '
+        f"{_e(report.finished)} ({report.duration_seconds:.1f} s), playbook <code>{_e(report.playbook)}</code></p>",
+        '<ul class="summary">' + "".join(counts) + "</ul>",
+    ]
     if report.not_compared():
-        lines.append(f'<p class="not-compared">Not compared: {_e(", ".join(report.not_compared()))}: what drift '
-                     f"this run found is not all there is.</p>")
+        lines.append(
+            f'<p class="not-compared">Not compared: {_e(", ".join(report.not_compared()))}: what drift '
+            f"this run found is not all there is.</p>"
+        )
     return "\n".join(lines)
 
 
@@ -90,8 +131,7 @@ def _table(report: FleetReport) -> str:
     for index, (name, node) in enumerate(sorted(report.nodes.items())):
         cells = [_cell(index, node, layer) for layer in report.layers]
         rows.append(f'<tr class="node node-{node.status}"><th scope="row">{_e(name)}</th>' + "".join(cells) + "</tr>")
-    return ('<table class="fleet">\n<thead>' + header + "</thead>\n<tbody>\n" + "\n".join(rows)
-            + "\n</tbody>\n</table>")
+    return '<table class="fleet">\n<thead>' + header + "</thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
 
 
 def _cell(index: int, node: NodeResult, layer: str) -> str:
@@ -105,15 +145,19 @@ def _cell(index: int, node: NodeResult, layer: str) -> str:
 
 
 def _legend() -> str:
-    items = [f'<li><span class="swatch status-{status}"></span>{LABELS[status]}: {MEANINGS[status]}</li>'
-             for status in LAYER_STATUSES]
+    items = [
+        f'<li><span class="swatch status-{status}"></span>{LABELS[status]}: {MEANINGS[status]}</li>'
+        for status in LAYER_STATUSES
+    ]
     return '<ul class="legend">' + "".join(items) + "</ul>"
 
 
 def _node_section(index: int, node: NodeResult) -> str:
-    lines = [f'<section class="node" id="node-{index}">',
-             f'<h2><code>{_e(node.name)}</code>: <span class="status-{node.status}">&nbsp;{LABELS[node.status]}&nbsp;'
-             "</span></h2>"]
+    lines = [
+        f'<section class="node" id="node-{index}">',
+        f'<h2><code>{_e(node.name)}</code>: <span class="status-{node.status}">&nbsp;{LABELS[node.status]}&nbsp;'
+        "</span></h2>",
+    ]
     if node.status == "unreachable":
         reasons = sorted({result.summary() for result in node.layers.values() if result.status == "unreachable"})
         lines.append(f'<p class="unreachable">Not reached: {_e(node.message or "; ".join(reasons))}</p>')
@@ -135,17 +179,28 @@ def _layer_block(layer: str, result: LayerResult) -> str:
 
 
 def _drift_item(item: DriftItem) -> str:
-    text = (f"<li><code>{_e(item.check)}: {_e(item.field)}</code>: <span class=\"expected\">{_e(item.expected)}"
-            f'</span> &rarr; <span class="actual">{_e(item.actual)}</span>')
+    text = (
+        f'<li><code>{_e(item.check)}: {_e(item.field)}</code>: <span class="expected">{_e(item.expected)}'
+        f'</span> &rarr; <span class="actual">{_e(item.actual)}</span>'
+    )
     if item.detail:
         text += f"\n<pre>{_e(item.detail)}</pre>"
     return text + "</li>"
 
 
 def _not_declared(report: FleetReport) -> str:
-    lines = sorted({f"{layer}: {result.message}" for node in report.nodes.values()
-                    for layer, result in node.layers.items() if result.status == "not_declared"})
+    lines = sorted(
+        {
+            f"{layer}: {result.message}"
+            for node in report.nodes.values()
+            for layer, result in node.layers.items()
+            if result.status == "not_declared"
+        }
+    )
     if not lines:
         return ""
-    return ("<h2>Not declared</h2>\n<ul class=\"not-declared\">\n" + "\n".join(f"<li>{_e(line)}</li>" for line in lines)
-            + "\n</ul>")
+    return (
+        '<h2>Not declared</h2>\n<ul class="not-declared">\n'
+        + "\n".join(f"<li>{_e(line)}</li>" for line in lines)
+        + "\n</ul>"
+    )

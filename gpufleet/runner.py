@@ -33,8 +33,10 @@ def make_run_dir(path: Path) -> Path:
 
 
 def _unwritable(path: Path, why: str) -> str:
-    return (f"cannot keep the run's records in {path} ({why}): run as a user who can write there, or set "
-            "GPUFLEET_RUNS_DIR to a directory you can write")
+    return (
+        f"cannot keep the run's records in {path} ({why}): run as a user who can write there, or set "
+        "GPUFLEET_RUNS_DIR to a directory you can write"
+    )
 
 
 def ensure_ansible_on_path() -> None:
@@ -112,8 +114,11 @@ def run_playbook(
         cmdline=cmdline or None,
         extravars=extravars or {},
         # The collection's own path only: a copy installed elsewhere must not stand in for this one.
-        envvars={"ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
-                 "ANSIBLE_COLLECTIONS_PATH": str(collections_dir()), **(envvars or {})},
+        envvars={
+            "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
+            "ANSIBLE_COLLECTIONS_PATH": str(collections_dir()),
+            **(envvars or {}),
+        },
         quiet=quiet,
         event_handler=event_handler,
     )

@@ -30,8 +30,18 @@ HOST_DESCRIPTION_PATH = "/etc/gpufleet-simgpu/gpus.json"
 
 # Part of the cache key: changing a flag rebuilds. Only NVML entry points are exported (visibility).
 COMPILE_FLAGS = (
-    "-std=c11", "-D_GNU_SOURCE", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
-    "-fvisibility=hidden", f"-Wl,-soname,{LIBRARY_NAME}", "-Wl,--no-undefined",
+    "-std=c11",
+    "-D_GNU_SOURCE",
+    "-O2",
+    "-g",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-fPIC",
+    "-shared",
+    "-fvisibility=hidden",
+    f"-Wl,-soname,{LIBRARY_NAME}",
+    "-Wl,--no-undefined",
 )
 LINK_LIBRARIES = ("-lm", "-pthread")
 
@@ -75,8 +85,9 @@ def build_library() -> Path:
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         os.unlink(partial)
-        raise GpufleetError(f"building the simulated GPU library failed (gcc exit {result.returncode}):\n"
-                            f"{result.stderr.strip()}")
+        raise GpufleetError(
+            f"building the simulated GPU library failed (gcc exit {result.returncode}):\n{result.stderr.strip()}"
+        )
     os.chmod(partial, 0o755)
     os.replace(partial, target)
     return target
@@ -103,8 +114,9 @@ class SimulatedMachine:
         self.description.write_text(json.dumps(description, indent=2))
 
 
-def install_on_hosts(inventory: Path, limit: str, description: Path | None = None,
-                     extra_vars: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def install_on_hosts(
+    inventory: Path, limit: str, description: Path | None = None, extra_vars: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Copies the library, nvidia-smi, simgpuctl and a description onto hosts over Ansible (SSH).
 
     Runs lab/simgpu/install.yml against `limit` in `inventory`. `extra_vars` may move the files (see the
@@ -116,10 +128,20 @@ def install_on_hosts(inventory: Path, limit: str, description: Path | None = Non
         **(extra_vars or {}),
     }
     playbook_binary = Path(sys.executable).parent / "ansible-playbook"
-    command = [str(playbook_binary), "-i", str(inventory), "--limit", limit, str(INSTALL_PLAYBOOK),
-               "-e", json.dumps(variables)]
+    command = [
+        str(playbook_binary),
+        "-i",
+        str(inventory),
+        "--limit",
+        limit,
+        str(INSTALL_PLAYBOOK),
+        "-e",
+        json.dumps(variables),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=PROJECT_ROOT)
     if result.returncode != 0:
-        raise GpufleetError(f"installing the simulated GPU on {limit} failed (ansible-playbook exit "
-                            f"{result.returncode}):\n{result.stdout[-4000:]}{result.stderr[-2000:]}")
+        raise GpufleetError(
+            f"installing the simulated GPU on {limit} failed (ansible-playbook exit "
+            f"{result.returncode}):\n{result.stdout[-4000:]}{result.stderr[-2000:]}"
+        )
     return result

@@ -90,8 +90,9 @@ def _check_events(path: Path, text: str) -> None:
                 if nodes > MAX_NODES:
                     raise StackFileError(path, f"has more than {MAX_NODES} values; a stack file is a few lines")
             if isinstance(event, yaml.ScalarEvent) and len(event.value) > MAX_SCALAR_CHARS:
-                raise StackFileError(path, f"has a value longer than {MAX_SCALAR_CHARS} characters"
-                                           f"{_where(event.start_mark)}")
+                raise StackFileError(
+                    path, f"has a value longer than {MAX_SCALAR_CHARS} characters{_where(event.start_mark)}"
+                )
             if isinstance(event, _COLLECTION_START):
                 depth += 1
                 if depth > MAX_DEPTH:
@@ -114,12 +115,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             try:
                 duplicate = key in seen
             except TypeError as error:  # an unhashable key such as a list
-                raise yaml.constructor.ConstructorError(None, None, "a key must be a plain value",
-                                                        key_node.start_mark) from error
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a key must be a plain value", key_node.start_mark
+                ) from error
             if duplicate:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice (first{_where(seen[key].start_mark)})",
-                    key_node.start_mark)
+                    None, None, f"key {key!r} is given twice (first{_where(seen[key].start_mark)})", key_node.start_mark
+                )
             seen[key] = key_node
         return super().construct_mapping(node, deep=deep)
 

@@ -69,9 +69,13 @@ class StackSpec:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "python": self.python, "platform": self.platform,
-            "requirements": list(self.requirements), "exclude": sorted(self.exclude),
-            "index_url": self.index_url, "torch_index_url": self.torch_index_url,
+            "id": self.id,
+            "python": self.python,
+            "platform": self.platform,
+            "requirements": list(self.requirements),
+            "exclude": sorted(self.exclude),
+            "index_url": self.index_url,
+            "torch_index_url": self.torch_index_url,
             "find_links": list(self.find_links),
         }
 
@@ -90,8 +94,10 @@ def spec_from_mapping(data: Any, source: str) -> StackSpec:
         raise GpufleetError(f"{source}: the stack must be a mapping with id, python, platform and requirements")
     missing = [key for key in ("id", "python", "platform", "requirements") if not data.get(key)]
     if missing:
-        raise GpufleetError(f"{source}: the stack lacks {', '.join(missing)}; "
-                            "declare id, python (e.g. '3.11'), platform (e.g. manylinux_2_36_x86_64), requirements")
+        raise GpufleetError(
+            f"{source}: the stack lacks {', '.join(missing)}; "
+            "declare id, python (e.g. '3.11'), platform (e.g. manylinux_2_36_x86_64), requirements"
+        )
     if not isinstance(data["python"], str):
         # YAML reads 3.10 as the float 3.1: only a quoted version is unambiguous.
         raise GpufleetError(f"{source}: python must be a quoted MAJOR.MINOR string like '3.11', got {data['python']!r}")
@@ -99,7 +105,9 @@ def spec_from_mapping(data: Any, source: str) -> StackSpec:
     if unknown:
         raise GpufleetError(f"{source}: unknown stack keys {', '.join(unknown)}")
     spec = StackSpec(
-        id=str(data["id"]), python=str(data["python"]), platform=str(data["platform"]),
+        id=str(data["id"]),
+        python=str(data["python"]),
+        platform=str(data["platform"]),
         requirements=_string_list(data["requirements"], "requirements", source),
         exclude=_string_list(data.get("exclude"), "exclude", source),
         index_url=str(data.get("index_url") or DEFAULT_INDEX_URL),
@@ -121,8 +129,9 @@ def platform_tags(platform: str, source: str = "stack") -> list[str]:
     """Every manylinux tag a node of that glibc accepts, newest first: pip does not expand --platform itself."""
     match = _PLATFORM_RE.match(platform)
     if not match:
-        raise GpufleetError(f"{source}: platform {platform!r} must look like manylinux_2_36_x86_64 "
-                            "(the nodes' glibc and architecture)")
+        raise GpufleetError(
+            f"{source}: platform {platform!r} must look like manylinux_2_36_x86_64 (the nodes' glibc and architecture)"
+        )
     major, minor, arch = int(match.group(1)), int(match.group(2)), match.group(3)
     # manylinux starts at glibc 2.5 on x86_64 and at 2.17 on aarch64.
     oldest = 17 if arch == "aarch64" else 5
@@ -169,8 +178,10 @@ def stacks_from_inventory(inventory: Path) -> list[StackSpec]:
             raise GpufleetError(f"{inventory}: two different stacks are both called {spec.id!r}; give each its own id")
         stacks[spec.id] = spec
     if not stacks:
-        raise GpufleetError(f"no host of {inventory} declares gpufleet_stack; declare it in group_vars "
-                            "(or pass --stack FILE); for the lab, run `gpufleet lab up` first")
+        raise GpufleetError(
+            f"no host of {inventory} declares gpufleet_stack; declare it in group_vars "
+            "(or pass --stack FILE); for the lab, run `gpufleet lab up` first"
+        )
     return list(stacks.values())
 
 
@@ -188,8 +199,10 @@ def declared_venv(variables: dict[str, Any], source: str) -> dict[str, Any] | No
         raise GpufleetError(f"{source}: gpufleet_stack is invalid: {error}") from None
     report = compat.stack_declared().validate_stack(stack, compat.load_knowledge_base())
     if report["errors"]:
-        raise GpufleetError(f"{source}: the declared stack is not compatible: "
-                            + " | ".join(f"[{item['link']}] {item['message']}" for item in report["errors"]))
+        raise GpufleetError(
+            f"{source}: the declared stack is not compatible: "
+            + " | ".join(f"[{item['link']}] {item['message']}" for item in report["errors"])
+        )
     return compat.load_module_util("stack_artifacts").venv(stack, variables.get("inference_venv_stack_options") or {})
 
 
@@ -207,6 +220,7 @@ def cache_root() -> Path:
 
 
 # --- resolution -------------------------------------------------------------------------------------------
+
 
 def pip_target_args(spec: StackSpec) -> list[str]:
     """pip options that make it pick wheels for the nodes, not for the controller."""
@@ -231,15 +245,32 @@ def resolve(spec: StackSpec, keep: list[Any] | None = None) -> list[Any]:
             constraints_path = Path(tmp) / "constraints.txt"
             constraints_path.write_text("".join(f"{entry.name}=={entry.version}\n" for entry in keep))
             constraints = ["--constraint", str(constraints_path)]
-        command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                   "--disable-pip-version-check", "--report", str(report_path), "--target", str(Path(tmp) / "t"),
-                   *pip_target_args(spec), *constraints, *spec.requirements]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--report",
+            str(report_path),
+            "--target",
+            str(Path(tmp) / "t"),
+            *pip_target_args(spec),
+            *constraints,
+            *spec.requirements,
+        ]
         process = subprocess.run(command, capture_output=True, text=True, check=False)
         if process.returncode != 0:
-            errors = [line for line in process.stderr.splitlines() if line.startswith("ERROR")] or \
-                process.stderr.strip().splitlines()[-5:]
-            raise GpufleetError(f"stack {spec.id}: pip cannot resolve {' '.join(spec.requirements)} for "
-                                f"python {spec.python} on {spec.platform}: {' / '.join(errors)}")
+            errors = [
+                line for line in process.stderr.splitlines() if line.startswith("ERROR")
+            ] or process.stderr.strip().splitlines()[-5:]
+            raise GpufleetError(
+                f"stack {spec.id}: pip cannot resolve {' '.join(spec.requirements)} for "
+                f"python {spec.python} on {spec.platform}: {' / '.join(errors)}"
+            )
         report = json.loads(report_path.read_text())
     return entries_from_report(report, spec)
 
@@ -255,8 +286,10 @@ def entries_from_report(report: dict[str, Any], spec: StackSpec) -> list[Any]:
         info = item.get("download_info", {})
         digest = _report_sha256(info)
         if not digest:
-            raise GpufleetError(f"stack {spec.id}: pip reported no sha256 for {name}=={version} ({info.get('url')}); "
-                                "use an index that publishes hashes")
+            raise GpufleetError(
+                f"stack {spec.id}: pip reported no sha256 for {name}=={version} ({info.get('url')}); "
+                "use an index that publishes hashes"
+            )
         filename = info.get("url", "").rsplit("/", 1)[-1].split("#", 1)[0]
         entries.append(pip_lock.LockEntry(name, version, (digest,), unquote(filename)))
     return entries
@@ -339,9 +372,23 @@ def download_missing(spec: StackSpec, entries: list[Any], cache: Path, say: Call
         subset = Path(tmp) / "missing.lock"
         subset.write_text(pip_lock.format_lock({"stack": spec.id}, missing))
         target = Path(tmp) / "wheels"
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--no-cache-dir",
-                   "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(target),
-                   *pip_target_args(spec), "-r", str(subset)]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--require-hashes",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+            "--dest",
+            str(target),
+            *pip_target_args(spec),
+            "-r",
+            str(subset),
+        ]
         returncode, errors = _run_saying_saved(command, target, len(missing), say)
         if returncode != 0:
             lines = errors.strip().splitlines()
@@ -362,8 +409,9 @@ def _run_saying_saved(command: list[str], target: Path, count: int, say: Callabl
     """Runs pip, saying each wheel it saves with its size and the bytes so far; returns (exit status, stderr)."""
     done, total = 0, 0
     with tempfile.TemporaryFile(mode="w+") as errors:
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"}) as process:
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=errors, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        ) as process:
             assert process.stdout is not None
             for line in process.stdout:
                 saved = SAVED_LINE.match(line.strip())
@@ -386,13 +434,14 @@ def _tmp_dir(cache: Path) -> Path:
 
 # --- publishing -----------------------------------------------------------------------------------------
 
+
 def index_page(spec: StackSpec, files: list[tuple[str, str]]) -> str:
     """A find-links page: one link per wheel with its sha256 in the fragment, which pip checks."""
-    links = "\n".join(
-        f'<a href="{quote(name)}#sha256={digest}">{html.escape(name)}</a><br/>' for name, digest in files
+    links = "\n".join(f'<a href="{quote(name)}#sha256={digest}">{html.escape(name)}</a><br/>' for name, digest in files)
+    return (
+        f"<!DOCTYPE html>\n<html><head><title>gpufleet wheelhouse {html.escape(spec.id)}</title></head>"
+        f"<body>\n{links}\n</body></html>\n"
     )
-    return (f"<!DOCTYPE html>\n<html><head><title>gpufleet wheelhouse {html.escape(spec.id)}</title></head>"
-            f"<body>\n{links}\n</body></html>\n")
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -431,6 +480,7 @@ def publish(spec: StackSpec, entries: list[Any], cache: Path, mirror_dir: Path, 
 
 # --- the whole build ----------------------------------------------------------------------------------------
 
+
 @dataclass
 class BuildReport:
     spec: StackSpec
@@ -456,8 +506,14 @@ class BuildReport:
         return "\n".join(lines)
 
 
-def build(spec: StackSpec, lock_path: Path, mirror_dir: Path | None, upgrade: bool = False,
-          cache: Path | None = None, say: Callable[[str], None] = print) -> BuildReport:
+def build(
+    spec: StackSpec,
+    lock_path: Path,
+    mirror_dir: Path | None,
+    upgrade: bool = False,
+    cache: Path | None = None,
+    say: Callable[[str], None] = print,
+) -> BuildReport:
     """Lock (reused when the declaration is unchanged), download what the cache lacks, publish."""
     started = time.monotonic()
     cache = cache or cache_root() / "wheels"
@@ -473,14 +529,17 @@ def build(spec: StackSpec, lock_path: Path, mirror_dir: Path | None, upgrade: bo
     return report
 
 
-def _lock_entries(spec: StackSpec, lock_path: Path, upgrade: bool,
-                  say: Callable[[str], None] = print) -> tuple[list[Any], str]:
+def _lock_entries(
+    spec: StackSpec, lock_path: Path, upgrade: bool, say: Callable[[str], None] = print
+) -> tuple[list[Any], str]:
     previous = read_lock(lock_path) if lock_path.exists() and not upgrade else None
     if previous is not None and previous.header.get("spec-sha256") == spec.digest():
         return previous.entries, "reused"
     started = time.monotonic()
-    say(f"stack {spec.id}: resolving {len(spec.requirements)} requirements for python {spec.python} on "
-        f"{spec.platform} (pip reads each candidate's metadata: minutes for a GPU stack)")
+    say(
+        f"stack {spec.id}: resolving {len(spec.requirements)} requirements for python {spec.python} on "
+        f"{spec.platform} (pip reads each candidate's metadata: minutes for a GPU stack)"
+    )
     if previous is not None:
         entries, action = _resolve_keeping(spec, previous.entries)
     else:
@@ -499,4 +558,3 @@ def _resolve_keeping(spec: StackSpec, previous: list[Any]) -> tuple[list[Any], s
         return resolve(spec, keep=previous), "re-resolved: the stack declaration changed (previous pins kept)"
     except GpufleetError:
         return resolve(spec), "re-resolved: the stack declaration changed (previous pins conflict: resolved afresh)"
-

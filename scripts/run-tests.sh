@@ -49,6 +49,8 @@ summary() {
   printf '  %-28s %5ss\n' "total" "$SECONDS"
 }
 
+# Python lint and format (pyproject.toml [tool.ruff]).
+run_stage "ruff" bash -c "ruff check && ruff format --check"
 run_stage "ansible-lint" ansible-lint
 # Type checks of gpufleet/ and plugins/ (pyproject.toml [tool.mypy]).
 run_stage "mypy" mypy

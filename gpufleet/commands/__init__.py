@@ -5,4 +5,16 @@ arguments and returning the process exit code.
 """
 
 # Kept explicit (no discovery magic): the order here is the order in `gpufleet --help`.
-COMMAND_MODULES = ("lab", "plan", "wheelhouse", "provision", "demo", "drift", "rebuild", "upgrade", "cordon", "doctor", "prune")
+COMMAND_MODULES = (
+    "lab",
+    "plan",
+    "wheelhouse",
+    "provision",
+    "demo",
+    "drift",
+    "rebuild",
+    "upgrade",
+    "cordon",
+    "doctor",
+    "prune",
+)

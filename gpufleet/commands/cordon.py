@@ -15,14 +15,17 @@ from gpufleet.runner import run_playbook
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    for action, text in (("cordon", "take a node out of service until `gpufleet uncordon` (playbooks/cordon.yml)"),
-                         ("uncordon", "put a cordoned node back into service (playbooks/cordon.yml)")):
+    for action, text in (
+        ("cordon", "take a node out of service until `gpufleet uncordon` (playbooks/cordon.yml)"),
+        ("uncordon", "put a cordoned node back into service (playbooks/cordon.yml)"),
+    ):
         parser = subparsers.add_parser(action, help=text, description=text)
         parser.add_argument("node", help="the node (one inventory host of group gpu_nodes)")
         parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
         if action == "cordon":
-            parser.add_argument("--reason", default="cordoned by the operator",
-                                help="why (shown by drift reports and upgrades)")
+            parser.add_argument(
+                "--reason", default="cordoned by the operator", help="why (shown by drift reports and upgrades)"
+            )
         parser.set_defaults(func=run, action=action)
 
 
@@ -32,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
     extravars = {"cordon_action": args.action, "cordon_reason": getattr(args, "reason", "")}
     result = run_playbook("cordon.yml", args.inventory, limit=args.node, extravars=extravars, quiet=True)
     if result.rc != 0 or args.node not in result.hosts:
-        raise GpufleetError(f"{args.action} {args.node} failed (ansible rc {result.rc}); its output is in {result.artifacts}")
+        raise GpufleetError(
+            f"{args.action} {args.node} failed (ansible rc {result.rc}); its output is in {result.artifacts}"
+        )
     done = "cordoned" if args.action == "cordon" else "uncordoned"
     already = "" if result.hosts[args.node]["changed"] else " (it already was)"
     print(f"{args.node}: {done}{already}" + (f": {args.reason}" if args.action == "cordon" else ""))

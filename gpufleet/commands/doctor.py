@@ -27,17 +27,22 @@ SIGNATURES = PROJECT_ROOT / "data" / "doctor" / "signatures.yml"
 EXIT_HEALTHY, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREAD = 0, 1, 2, 3
 # A file system with less than this free is a finding.
 LOW_DISK_MIB = 2048
-EPILOG = ("exit codes: 0 nothing found, 1 findings printed, 2 bad input (unknown node, missing inventory), "
-          "3 the node could not be read (unreachable or the doctor's playbook failed)")
+EPILOG = (
+    "exit codes: 0 nothing found, 1 findings printed, 2 bad input (unknown node, missing inventory), "
+    "3 the node could not be read (unreachable or the doctor's playbook failed)"
+)
 
 Evidence = tuple[str, str]  # (where: "journal vllm@main", line)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "doctor", help="read a sick node (read-only) and print each finding's evidence, cause and fix",
+        "doctor",
+        help="read a sick node (read-only) and print each finding's evidence, cause and fix",
         description="Read one node without changing it and match what it shows against the signature table "
-                    "(data/doctor/signatures.yml).", epilog=EPILOG)
+        "(data/doctor/signatures.yml).",
+        epilog=EPILOG,
+    )
     parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
     parser.add_argument("--limit", required=True, metavar="NODE", help="the node to examine")
     parser.add_argument("--json", action="store_true", help="print the findings and the evidence as JSON")
@@ -99,7 +104,12 @@ def driver_lines(evidence: dict[str, Any]) -> Iterator[str]:
         yield "the loaded kernel module %s differs from the installed libraries %s" % (loaded, installed)
     dkms = node.get("dkms") or {}
     # Only while NVML cannot reach the driver is an unbuilt DKMS module the explanation.
-    if nvml.get("failed") and dkms.get("rc") == 0 and "nvidia" in dkms.get("output", "") and "installed" not in dkms.get("output", ""):
+    if (
+        nvml.get("failed")
+        and dkms.get("rc") == 0
+        and "nvidia" in dkms.get("output", "")
+        and "installed" not in dkms.get("output", "")
+    ):
         yield "DKMS has no nvidia module built for the running kernel: " + dkms["output"].splitlines()[0]
 
 
@@ -132,8 +142,10 @@ def instance_lines(node: dict[str, Any]) -> Iterator[str]:
             yield "model directory %s of %s does not exist" % (instance["model"], name)
         key = instance.get("proxy_key")
         if key and not key["matches"]:
-            yield ("vLLM rejects the key the proxy sends to %s: HTTP %s to GET /v1/models (proxy keys %s, vLLM "
-                   "requires %s)" % (name, key["http_status"], ",".join(key["proxy_key_ids"]), key["vllm_key_id"]))
+            yield (
+                "vLLM rejects the key the proxy sends to %s: HTTP %s to GET /v1/models (proxy keys %s, vLLM "
+                "requires %s)" % (name, key["http_status"], ",".join(key["proxy_key_ids"]), key["vllm_key_id"])
+            )
         if instance.get("active") != "active":
             yield "%s is %s" % (name, instance.get("active"))
 
@@ -146,8 +158,12 @@ def resource_lines(evidence: dict[str, Any]) -> Iterator[str]:
 
 def collect_evidence(evidence: dict[str, Any]) -> dict[str, list[Evidence]]:
     """Evidence lines per source name of the signature table."""
-    node_lines = [*driver_lines(evidence), *torch_lines(evidence), *instance_lines(evidence["node"]),
-                  *resource_lines(evidence)]
+    node_lines = [
+        *driver_lines(evidence),
+        *torch_lines(evidence),
+        *instance_lines(evidence["node"]),
+        *resource_lines(evidence),
+    ]
     return {
         "health": list(health_evidence(evidence["health"])),
         "nvml": list(nvml_evidence(evidence["nvml"])),
@@ -163,11 +179,26 @@ def diagnose(evidence: dict[str, Any], signatures: list[dict[str, Any]]) -> list
     sources = collect_evidence(evidence)
     findings = []
     for signature in signatures:
-        hit = next(((where, line) for source in signature["in"] for where, line in sources.get(source, [])
-                    if signature["pattern"].search(line)), None)
+        hit = next(
+            (
+                (where, line)
+                for source in signature["in"]
+                for where, line in sources.get(source, [])
+                if signature["pattern"].search(line)
+            ),
+            None,
+        )
         if hit:
-            findings.append({"id": signature["id"], "evidence": hit[1], "where": hit[0], "cause": signature["cause"],
-                             "fix": signature["fix"], "source": signature["source"]})
+            findings.append(
+                {
+                    "id": signature["id"],
+                    "evidence": hit[1],
+                    "where": hit[0],
+                    "cause": signature["cause"],
+                    "fix": signature["fix"],
+                    "source": signature["source"],
+                }
+            )
     return findings
 
 
@@ -176,8 +207,10 @@ def format_findings(node: str, findings: list[dict[str, Any]]) -> str:
         return "%s: no known failure signature found" % node
     blocks = ["%s: %d finding(s), most likely first" % (node, len(findings))]
     for number, finding in enumerate(findings, 1):
-        blocks.append("%d. %s\n   evidence (%s): %s\n   cause: %s\n   fix: %s" % (
-            number, finding["id"], finding["where"], finding["evidence"], finding["cause"], finding["fix"]))
+        blocks.append(
+            "%d. %s\n   evidence (%s): %s\n   cause: %s\n   fix: %s"
+            % (number, finding["id"], finding["where"], finding["evidence"], finding["cause"], finding["fix"])
+        )
     return "\n".join(blocks)
 
 
@@ -203,14 +236,17 @@ class EvidenceCatcher:
 
 def read_node(inventory: Path, node: str) -> dict[str, Any]:
     catcher = EvidenceCatcher()
-    result = run_playbook("doctor.yml", inventory, limit=node, quiet=True, event_handler=catcher,
-                          extravars={"doctor_hosts": "all"})
+    result = run_playbook(
+        "doctor.yml", inventory, limit=node, quiet=True, event_handler=catcher, extravars={"doctor_hosts": "all"}
+    )
     if node in catcher.evidence:
         return catcher.evidence[node]
     if not result.hosts:
         raise GpufleetError("no host of %s matches --limit %s" % (inventory, node), exit_code=EXIT_USAGE)
-    raise GpufleetError("could not read %s: %s" % (node, catcher.failures.get(node, "ansible ended %s" % result.status)),
-                        exit_code=EXIT_UNREAD)
+    raise GpufleetError(
+        "could not read %s: %s" % (node, catcher.failures.get(node, "ansible ended %s" % result.status)),
+        exit_code=EXIT_UNREAD,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

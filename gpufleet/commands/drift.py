@@ -33,38 +33,62 @@ from gpufleet.report_html import to_html
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "drift", help="report which nodes and layers differ from the declared state (read-only)",
+        "drift",
+        help="report which nodes and layers differ from the declared state (read-only)",
         description="Compare each node's layers (" + ", ".join(LAYERS) + ")\nwith what the inventory declares, "
-                    "without changing anything.\n\nExit status:\n"
-                    "  0  every node compared, no drift\n"
-                    "  2  drift found, every node compared\n"
-                    "  3  drift found, and some node or layer could not be compared (unreachable or an error)\n"
-                    "  1  no drift found but not everything was compared, or the run failed",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "without changing anything.\n\nExit status:\n"
+        "  0  every node compared, no drift\n"
+        "  2  drift found, every node compared\n"
+        "  3  drift found, and some node or layer could not be compared (unreachable or an error)\n"
+        "  1  no drift found but not everything was compared, or the run failed",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-i", "--inventory", type=Path, help="inventory file or directory")
     parser.add_argument("--limit", help="only these hosts or groups (ansible --limit)")
     parser.add_argument("--layers", help="only these layers, comma-separated, e.g. toolkit,venv")
-    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="JSON|@FILE",
-                        help="variables over the inventory's, as JSON or @ a YAML/JSON file (repeatable)")
+    parser.add_argument(
+        "-e",
+        "--extra-vars",
+        action="append",
+        default=[],
+        metavar="JSON|@FILE",
+        help="variables over the inventory's, as JSON or @ a YAML/JSON file (repeatable)",
+    )
     parser.add_argument("--out", type=Path, help="also copy the report files (JSON, Markdown, JUnit, Prometheus) here")
-    parser.add_argument("--html", type=Path, metavar="FILE",
-                        help="also write the report as one self-contained HTML page (nodes by layers, a colour "
-                             "per status, what drifted): of this run with -i, else of the stored run --against "
-                             "names; FILE's directory must exist")
-    parser.add_argument("--since", metavar="RUN",
-                        help="list what changed since a stored run (its id, last, previous, or a path)")
-    parser.add_argument("--against", metavar="RUN", default="last",
-                        help="without -i: the newer stored run --since compares with (default: last)")
-    parser.add_argument("--keep-artifacts", type=int, default=20, metavar="N",
-                        help="keep ansible-runner's events of the newest N runs only (reports are always kept; "
-                             "default 20)")
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="also write the report as one self-contained HTML page (nodes by layers, a colour "
+        "per status, what drifted): of this run with -i, else of the stored run --against "
+        "names; FILE's directory must exist",
+    )
+    parser.add_argument(
+        "--since", metavar="RUN", help="list what changed since a stored run (its id, last, previous, or a path)"
+    )
+    parser.add_argument(
+        "--against",
+        metavar="RUN",
+        default="last",
+        help="without -i: the newer stored run --since compares with (default: last)",
+    )
+    parser.add_argument(
+        "--keep-artifacts",
+        type=int,
+        default=20,
+        metavar="N",
+        help="keep ansible-runner's events of the newest N runs only (reports are always kept; default 20)",
+    )
     parser.add_argument("--runs", action="store_true", help="list the stored drift runs and exit")
     parser.add_argument("--schema", action="store_true", help="print the JSON Schema of report.json and exit")
-    parser.add_argument("--query", metavar="JMESPATH",
-                        help="print what a JMESPath expression selects from report.json (of this run with -i, "
-                             "else of the stored run --against names); each node also carries its name as "
-                             "`node`, e.g. every node whose venv drifted: "
-                             "\"nodes.* | [?layers.venv.status=='drifted'].node\"")
+    parser.add_argument(
+        "--query",
+        metavar="JMESPATH",
+        help="print what a JMESPath expression selects from report.json (of this run with -i, "
+        "else of the stored run --against names); each node also carries its name as "
+        "`node`, e.g. every node whose venv drifted: "
+        "\"nodes.* | [?layers.venv.status=='drifted'].node\"",
+    )
     parser.set_defaults(func=run)
 
 
@@ -84,8 +108,10 @@ def run(args: argparse.Namespace) -> int:
 def stored(args: argparse.Namespace) -> int:
     """Without -i: a query of a stored run, the changes between two, and/or the page of the --against run."""
     if not (args.query or args.since or args.html):
-        raise GpufleetError("give -i INVENTORY to run a drift check, or --since RUN to compare stored runs, or "
-                            "--html FILE for the page of a stored run")
+        raise GpufleetError(
+            "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs, or "
+            "--html FILE for the page of a stored run"
+        )
     status = 0
     if args.query:
         status = print_query(args.query, find_report(args.against)[1])
@@ -108,12 +134,13 @@ def check(args: argparse.Namespace) -> int:
         raise GpufleetError(f"no node of {args.inventory} (group gpu_nodes) matches --limit {args.limit}")
     baseline = find_report(args.since)[1] if args.since else None
     print(f"drift: {len(hosts)} node(s), layers {', '.join(layers or LAYERS)}")
-    result = run_drift(args.inventory, limit=args.limit, layers=layers, extravars=extravars,
-                       say=print)
+    result = run_drift(args.inventory, limit=args.limit, layers=layers, extravars=extravars, say=print)
     if result.report is None:
         print(failure_reason(result))
-        raise GpufleetError(f"the drift run {result.run_id} wrote no report (ansible {result.ansible_status}, "
-                            f"rc {result.ansible_rc}); its output is in {result.run_dir}")
+        raise GpufleetError(
+            f"the drift run {result.run_id} wrote no report (ansible {result.ansible_status}, "
+            f"rc {result.ansible_rc}); its output is in {result.run_dir}"
+        )
     print()
     print(summary_table(result.report))
     print(f"run {result.run_id}: report in {result.report_dir}")
@@ -142,8 +169,10 @@ def print_query(expression: str, report: FleetReport) -> int:
     try:
         selected = jmespath.search(expression, document)
     except JMESPathError as error:
-        raise GpufleetError(f"--query {expression!r} is not a JMESPath expression that applies to the report: "
-                            f"{error}; the report's fields are in `gpufleet drift --schema`") from None
+        raise GpufleetError(
+            f"--query {expression!r} is not a JMESPath expression that applies to the report: "
+            f"{error}; the report's fields are in `gpufleet drift --schema`"
+        ) from None
     print(json.dumps(selected, indent=2, sort_keys=True))
     return 0
 
@@ -163,8 +192,7 @@ def check_page_path(path: Path) -> None:
     if path.is_dir():
         raise GpufleetError(f"--html {path}: is a directory; give the page's file name, e.g. {path / 'drift.html'}")
     if not directory.is_dir():
-        raise GpufleetError(f"--html {path}: the directory {directory} does not exist; create it or give "
-                            f"another path")
+        raise GpufleetError(f"--html {path}: the directory {directory} does not exist; create it or give another path")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise GpufleetError(f"--html {path}: the directory {directory} cannot be written (permission denied)")
 
@@ -200,6 +228,8 @@ def list_runs() -> int:
     for path in runs:
         report = load_report(path / "drift")
         summary = report.summary()
-        print(f"{path.name}  {report.started}  {summary['nodes']} nodes: {summary['ok']} ok, "
-              f"{summary['drifted']} drifted, {summary['unreachable']} unreachable, {summary['error']} error")
+        print(
+            f"{path.name}  {report.started}  {summary['nodes']} nodes: {summary['ok']} ok, "
+            f"{summary['drifted']} drifted, {summary['unreachable']} unreachable, {summary['error']} error"
+        )
     return 0

@@ -23,12 +23,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     up = actions.add_parser("up", help="start (or repair, or resize) the lab with N hosts and the mirror")
     up.add_argument("--hosts", type=int, default=DEFAULT_HOSTS, help=f"number of hosts (default {DEFAULT_HOSTS})")
-    up.add_argument("--os",
-                    help=f"the hosts' OS, or a comma-separated list cycled over them, one of {', '.join(RELEASES)} "
-                         f"(default: each host keeps the OS it has, a new one gets {DEFAULT_OS}; "
-                         f"--os debian12,debian13 gives a mixed fleet)")
-    up.add_argument("--timeout", type=float, default=DEFAULT_BOOT_TIMEOUT,
-                    help=f"seconds to wait for each host to boot (default {DEFAULT_BOOT_TIMEOUT})")
+    up.add_argument(
+        "--os",
+        help=f"the hosts' OS, or a comma-separated list cycled over them, one of {', '.join(RELEASES)} "
+        f"(default: each host keeps the OS it has, a new one gets {DEFAULT_OS}; "
+        f"--os debian12,debian13 gives a mixed fleet)",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_BOOT_TIMEOUT,
+        help=f"seconds to wait for each host to boot (default {DEFAULT_BOOT_TIMEOUT})",
+    )
     up.set_defaults(func=run_up)
 
     status = actions.add_parser("status", help="show each host and the mirror; exit 1 unless all are up")

@@ -27,16 +27,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "2: incompatible, invalid or contradicted by a role variable.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--stack", type=Path, metavar="FILE",
-                        help="YAML file with keys gpu, driver, cuda, python, torch, torch_variant, vllm "
-                        "[, flash_attn, vllm_package]")
-    source.add_argument("-i", "--inventory", type=Path, metavar="INVENTORY",
-                        help="validate the stack of every host of this inventory (group gpu_nodes)")
+    source.add_argument(
+        "--stack",
+        type=Path,
+        metavar="FILE",
+        help="YAML file with keys gpu, driver, cuda, python, torch, torch_variant, vllm [, flash_attn, vllm_package]",
+    )
+    source.add_argument(
+        "-i",
+        "--inventory",
+        type=Path,
+        metavar="INVENTORY",
+        help="validate the stack of every host of this inventory (group gpu_nodes)",
+    )
     parser.add_argument("--limit", help="with -i: only these hosts (an Ansible pattern)")
-    parser.add_argument("--json", action="store_true",
-                        help="print the report as JSON (schema gpufleet.plan/v1, with -i gpufleet.fleet-plan/v1)")
-    parser.add_argument("--kb-dir", type=Path, default=None, metavar="DIR",
-                        help="knowledge base directory (default: $GPUFLEET_COMPAT_DIR or data/compat)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON (schema gpufleet.plan/v1, with -i gpufleet.fleet-plan/v1)",
+    )
+    parser.add_argument(
+        "--kb-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="knowledge base directory (default: $GPUFLEET_COMPAT_DIR or data/compat)",
+    )
     parser.set_defaults(func=run)
 
 

@@ -22,7 +22,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     result = run_playbook(
-        "site.yml", args.inventory, limit=args.limit, tags=args.tags, check=args.check, diff=args.diff,
+        "site.yml",
+        args.inventory,
+        limit=args.limit,
+        tags=args.tags,
+        check=args.check,
+        diff=args.diff,
         **progress_options(args.verbose or args.diff),
     )
     print()

@@ -9,8 +9,10 @@ from gpufleet.runner import format_summary, run_playbook
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    text = ("remove cached artifacts the nodes no longer use, keeping rollback records and the newest few "
-            "(playbooks/prune.yml)")
+    text = (
+        "remove cached artifacts the nodes no longer use, keeping rollback records and the newest few "
+        "(playbooks/prune.yml)"
+    )
     parser = subparsers.add_parser("prune", help=text, description=text)
     parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
     parser.add_argument("--limit", help="only these hosts or groups (ansible --limit)")

@@ -21,15 +21,19 @@ from gpufleet.runner import format_summary, run_playbook
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "rebuild", help="take one node back to the declared state (playbooks/rebuild.yml)",
+        "rebuild",
+        help="take one node back to the declared state (playbooks/rebuild.yml)",
         description="Rebuild the layers of one node that drifted from the declared state, reusing every cache, "
-                    "and end with a clean drift report of that node. Other nodes are never touched.")
+        "and end with a clean drift report of that node. Other nodes are never touched.",
+    )
     parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
     parser.add_argument("--limit", required=True, help="the node to rebuild (ansible --limit; one node)")
-    parser.add_argument("--full", action="store_true",
-                        help="rebuild every declared layer, with a new venv, instead of the drifted ones")
-    parser.add_argument("--reinstall", default="",
-                        help="also uninstall and install again these runfiles: " + ",".join(REINSTALLABLE))
+    parser.add_argument(
+        "--full", action="store_true", help="rebuild every declared layer, with a new venv, instead of the drifted ones"
+    )
+    parser.add_argument(
+        "--reinstall", default="", help="also uninstall and install again these runfiles: " + ",".join(REINSTALLABLE)
+    )
     parser.add_argument("--layers", help="only consider these layers (comma-separated), as gpufleet drift --layers")
     parser.add_argument("--allow-many", action="store_true", help="accept a --limit that matches several nodes")
     parser.add_argument("--force", action="store_true", help="rebuild a cordoned node too (it stays cordoned)")
@@ -50,8 +54,10 @@ def target_nodes(inventory: Path, limit: str, allow_many: bool) -> list[str]:
     if not hosts:
         raise GpufleetError(f"--limit {limit} matches no node of {inventory} (group gpu_nodes)")
     if len(hosts) > 1 and not allow_many:
-        raise GpufleetError(f"--limit {limit} matches {len(hosts)} nodes ({', '.join(hosts)}): rebuild takes one "
-                            "node; name one, or pass --allow-many to rebuild all of them")
+        raise GpufleetError(
+            f"--limit {limit} matches {len(hosts)} nodes ({', '.join(hosts)}): rebuild takes one "
+            "node; name one, or pass --allow-many to rebuild all of them"
+        )
     return hosts
 
 
@@ -76,13 +82,19 @@ def run(args: argparse.Namespace) -> int:
         print("rebuild: every layer matches the declared state; nothing to rebuild")
         return 0
     print(f"rebuild: layers {', '.join(plan.layers)}" + (f" ({plan.reason})" if plan.reason else ""))
-    result = run_playbook("rebuild.yml", args.inventory, limit=limit,
-                          extravars={**plan.extravars(len(hosts) > 1), "rebuild_force": args.force},
-                          **progress_options(args.verbose))
+    result = run_playbook(
+        "rebuild.yml",
+        args.inventory,
+        limit=limit,
+        extravars={**plan.extravars(len(hosts) > 1), "rebuild_force": args.force},
+        **progress_options(args.verbose),
+    )
     print()
     print(format_summary(result))
     if result.rc != 0:
-        raise GpufleetError(f"the rebuild of {limit} failed (ansible rc {result.rc}); its output is in {result.artifacts}")
+        raise GpufleetError(
+            f"the rebuild of {limit} failed (ansible rc {result.rc}); its output is in {result.artifacts}"
+        )
     print(f"rebuild: drift check of {limit} after the rebuild")
     after = run_drift(args.inventory, limit=limit, layers=layers, say=print)
     if after.report is None:

@@ -28,18 +28,28 @@ SKIP_TASK = "Record why the node was left as it is"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "upgrade", help="roll a changed declaration out over the fleet, a batch at a time (playbooks/upgrade.yml)",
+        "upgrade",
+        help="roll a changed declaration out over the fleet, a batch at a time (playbooks/upgrade.yml)",
         description="Apply the declaration to every node that differs from it, at most --max-unavailable nodes "
-                    "out of service at once: drain at the proxy, stop, rebuild the changed layers, health gate and "
-                    "warm-up, undrain. A node that fails is rolled back and the rollout stops.")
+        "out of service at once: drain at the proxy, stop, rebuild the changed layers, health gate and "
+        "warm-up, undrain. A node that fails is rolled back and the rollout stops.",
+    )
     parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
-    parser.add_argument("--max-unavailable", default="1",
-                        help="nodes out of service at once: a number, or a percentage of the nodes (default 1)")
-    parser.add_argument("--max-fail", type=int, default=0,
-                        help="stop once more than this many nodes failed and were rolled back (default 0)")
+    parser.add_argument(
+        "--max-unavailable",
+        default="1",
+        help="nodes out of service at once: a number, or a percentage of the nodes (default 1)",
+    )
+    parser.add_argument(
+        "--max-fail",
+        type=int,
+        default=0,
+        help="stop once more than this many nodes failed and were rolled back (default 0)",
+    )
     parser.add_argument("--limit", help="only these nodes (ansible --limit pattern)")
-    parser.add_argument("--force", action="store_true",
-                        help="also upgrade the cordoned nodes named in --limit (they stay cordoned)")
+    parser.add_argument(
+        "--force", action="store_true", help="also upgrade the cordoned nodes named in --limit (they stay cordoned)"
+    )
     parser.add_argument("--layers", help="only consider these layers (comma-separated), as gpufleet drift --layers")
     parser.set_defaults(func=run)
 
@@ -51,8 +61,10 @@ def parse_max_unavailable(text: str, fleet: int) -> str:
         raise GpufleetError(f"--max-unavailable {text}: give a number of nodes (1 or more) or a percentage like 25%")
     count, percent = int(match.group(1)), bool(match.group(2))
     if percent and (count > 100 or count * fleet // 100 < 1):
-        raise GpufleetError(f"--max-unavailable {text}: of {fleet} nodes that is no node at all (or more than all); "
-                            "give a larger percentage or a number")
+        raise GpufleetError(
+            f"--max-unavailable {text}: of {fleet} nodes that is no node at all (or more than all); "
+            "give a larger percentage or a number"
+        )
     if not percent and count > fleet:
         raise GpufleetError(f"--max-unavailable {count} is more than the {fleet} nodes this upgrade targets")
     return f"{count}%" if percent else str(count)
@@ -132,13 +144,21 @@ def run(args: argparse.Namespace) -> int:
     print(summary_table(before.report))
     plans = node_plans(before.report)
     for host in hosts:
-        print(f"upgrade: {host}: " + (f"layers {', '.join(plans.get(host, []))}" if plans.get(host) else "matches the declaration"))
-    extravars = {"upgrade_max_unavailable": max_unavailable, "upgrade_max_fail": args.max_fail,
-                 "upgrade_plan": {host: plans.get(host, []) for host in hosts}, "upgrade_named": named,
-                 "upgrade_force": named if args.force else []}
+        print(
+            f"upgrade: {host}: "
+            + (f"layers {', '.join(plans.get(host, []))}" if plans.get(host) else "matches the declaration")
+        )
+    extravars = {
+        "upgrade_max_unavailable": max_unavailable,
+        "upgrade_max_fail": args.max_fail,
+        "upgrade_plan": {host: plans.get(host, []) for host in hosts},
+        "upgrade_named": named,
+        "upgrade_force": named if args.force else [],
+    }
     outcomes = Outcomes()
-    result = run_playbook("upgrade.yml", args.inventory, limit=limit, extravars=extravars, quiet=True,
-                          event_handler=outcomes)
+    result = run_playbook(
+        "upgrade.yml", args.inventory, limit=limit, extravars=extravars, quiet=True, event_handler=outcomes
+    )
     print()
     print(format_summary(result))
     return report(result.rc, hosts, outcomes.nodes, result.artifacts)
@@ -153,6 +173,8 @@ def report(rc: int, hosts: list[str], outcomes: dict[str, dict], artifacts: Path
     if stopped:
         raise GpufleetError("the rollout stopped: " + " | ".join(stopped))
     if rc != 0:
-        raise GpufleetError(f"the rollout stopped before it touched a node or when a node could not be reached "
-                            f"(ansible rc {rc}); its output is in {artifacts}")
+        raise GpufleetError(
+            f"the rollout stopped before it touched a node or when a node could not be reached "
+            f"(ansible rc {rc}); its output is in {artifacts}"
+        )
     return 0

@@ -89,9 +89,7 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
-def load_config(
-    lab_dir: str | None = None, prefix: str | None = None, inventory: str | None = None
-) -> LabConfig:
+def load_config(lab_dir: str | None = None, prefix: str | None = None, inventory: str | None = None) -> LabConfig:
     """The lab configuration from explicit values, else GPUFLEET_* environment variables, else defaults."""
     return LabConfig(
         cache_dir=Path(os.environ.get("GPUFLEET_CACHE") or DEFAULT_CACHE_DIR),

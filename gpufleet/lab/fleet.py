@@ -109,6 +109,7 @@ def remove_host(config: LabConfig, name: str, index: int) -> list[str]:
 
 def remove_hosts(config: LabConfig, indexes: list[int]) -> list[str]:
     """Removes these hosts concurrently; one line per host saying what was removed."""
+
     def remove(index: int) -> str:
         name = config.host_name(index)
         return f"{name}: {', '.join(remove_host(config, name, index)) or 'nothing left to remove'}"
@@ -242,10 +243,17 @@ def up(config: LabConfig, count: int, timeout: float, releases: Sequence[OsRelea
         if cluster and network.ensure_cluster_link(cluster[0].name, cluster[1].name):
             result.notes.append(f"cluster link {cluster[0].name} <-> {cluster[1].name} made")
         cluster_addresses = dict(zip((h.name for h in cluster), network.CLUSTER_ADDRESSES))
-        rows = [inventory.InventoryHost(h.name, str(h.address.host), mirror.host_mirror_url(h.address),
-                                        host_images[h.name].release.name, rootfs.python_interpreter(h.rootfs),
-                                        cluster_addresses.get(h.name, ""))
-                for h in hosts]
+        rows = [
+            inventory.InventoryHost(
+                h.name,
+                str(h.address.host),
+                mirror.host_mirror_url(h.address),
+                host_images[h.name].release.name,
+                rootfs.python_interpreter(h.rootfs),
+                cluster_addresses.get(h.name, ""),
+            )
+            for h in hosts
+        ]
         inventory.write(config.inventory_path, inventory.render(config, rows))
     return result
 
@@ -274,14 +282,16 @@ def status(config: LabConfig) -> tuple[list[HostStatus], mirror.MirrorStatus]:
         host = make_host(config, pool, index)
         problems = host_problems(config, host)
         probe = hostlib.probe(config, host) if not problems else None
-        rows.append(HostStatus(
-            name=host.name,
-            address=str(host.address.host),
-            up=not problems,
-            state=probe.state if probe else "; ".join(problems),
-            boot_id=probe.boot_id if probe else "",
-            boot_age_seconds=probe.boot_age_seconds if probe else 0,
-        ))
+        rows.append(
+            HostStatus(
+                name=host.name,
+                address=str(host.address.host),
+                up=not problems,
+                state=probe.state if probe else "; ".join(problems),
+                boot_id=probe.boot_id if probe else "",
+                boot_age_seconds=probe.boot_age_seconds if probe else 0,
+            )
+        )
     return rows, mirror.status(config)
 
 

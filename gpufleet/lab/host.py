@@ -131,22 +131,52 @@ def start_supervisor(host: Host) -> None:
     """Starts the host's supervisor detached (own session), so it outlives this command."""
     for key in ("supervisor_pid", "nspawn_pid"):
         host.file(key).unlink(missing_ok=True)
-    command = [sys.executable, "-m", "gpufleet.lab.supervisor", "--name", host.name,
-               "--host-dir", str(host.host_dir), "--netns", netns_path(host.name)]
+    command = [
+        sys.executable,
+        "-m",
+        "gpufleet.lab.supervisor",
+        "--name",
+        host.name,
+        "--host-dir",
+        str(host.host_dir),
+        "--netns",
+        netns_path(host.name),
+    ]
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
     with host.file("supervisor_log").open("ab") as log:
-        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                         start_new_session=True, cwd=str(PROJECT_ROOT), env=env)
+        subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            cwd=str(PROJECT_ROOT),
+            env=env,
+        )
 
 
 def ssh_command(config: LabConfig, address: str, remote: str) -> list[str]:
     """An ssh invocation that verifies the host key against the lab known_hosts file."""
     return [
-        "ssh", "-i", str(config.private_key),
-        "-o", f"UserKnownHostsFile={config.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-        "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT}", "-o", "LogLevel=ERROR",
-        f"root@{address}", remote,
+        "ssh",
+        "-i",
+        str(config.private_key),
+        "-o",
+        f"UserKnownHostsFile={config.known_hosts}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"ConnectTimeout={SSH_CONNECT_TIMEOUT}",
+        "-o",
+        "LogLevel=ERROR",
+        f"root@{address}",
+        remote,
     ]
 
 
@@ -172,7 +202,7 @@ def failed_units(config: LabConfig, host: Host) -> str:
     """The failed units of a degraded host with the last journal lines of each: the reason, in one text."""
     script = (
         "for unit in $(systemctl --failed --plain --no-legend | cut -d' ' -f1); do "
-        "echo \"$unit:\"; journalctl -b -u \"$unit\" --no-pager -o cat | tail -n 4; done"
+        'echo "$unit:"; journalctl -b -u "$unit" --no-pager -o cat | tail -n 4; done'
     )
     command = ssh_command(config, str(host.address.host), script)
     result = subprocess.run(command, capture_output=True, text=True, timeout=15, check=False)

@@ -34,8 +34,7 @@ def host_vars(config: LabConfig, host: InventoryHost) -> dict[str, str]:
         "ansible_ssh_private_key_file": str(config.private_key),
         # Host keys are checked against the lab's own known_hosts file, never disabled.
         "ansible_ssh_common_args": (
-            f"-o UserKnownHostsFile={config.known_hosts} -o StrictHostKeyChecking=yes "
-            "-o GlobalKnownHostsFile=/dev/null"
+            f"-o UserKnownHostsFile={config.known_hosts} -o StrictHostKeyChecking=yes -o GlobalKnownHostsFile=/dev/null"
         ),
         "ansible_python_interpreter": host.python,
         "gpufleet_mirror_url": host.mirror_url,

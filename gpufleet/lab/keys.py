@@ -17,7 +17,9 @@ def generate_key(path: Path, comment: str) -> None:
     path.with_suffix(".pub").unlink(missing_ok=True)
     result = subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         raise GpufleetError(f"ssh-keygen failed for {path}: {result.stderr.strip()}")

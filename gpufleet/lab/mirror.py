@@ -108,14 +108,32 @@ def ensure_running(config: LabConfig, addresses: list[str], port: int = MIRROR_P
 
 def start(config: LabConfig, addresses: list[str], port: int) -> None:
     config.mirror_run_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "gpufleet.lab.mirror_server", "--root", str(mirror_dir(config)),
-               "--apt-cache", str(config.apt_cache_dir), "--port", str(port), "--pid-file", str(_pid_file(config))]
+    command = [
+        sys.executable,
+        "-m",
+        "gpufleet.lab.mirror_server",
+        "--root",
+        str(mirror_dir(config)),
+        "--apt-cache",
+        str(config.apt_cache_dir),
+        "--port",
+        str(port),
+        "--pid-file",
+        str(_pid_file(config)),
+    ]
     for address in addresses:
         command += ["--bind", address]
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
     with (config.mirror_run_dir / "mirror.log").open("ab") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   start_new_session=True, cwd=str(PROJECT_ROOT), env=env)
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            cwd=str(PROJECT_ROOT),
+            env=env,
+        )
     write_pid_file(_pid_file(config), process.pid)
     if not _wait_healthy(addresses[0], port):
         stop(config)

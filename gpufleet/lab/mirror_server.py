@@ -87,7 +87,9 @@ def cache_is_fresh(path: Path, relative: str, now: float) -> bool:
 
 def fetch_upstream(relative: str, destination: Path) -> int:
     """Downloads UPSTREAM/relative into destination atomically; returns the HTTP status."""
-    request = urllib.request.Request(f"{UPSTREAM}/{urllib.parse.quote(relative)}", headers={"User-Agent": "gpufleet-lab-mirror"})
+    request = urllib.request.Request(
+        f"{UPSTREAM}/{urllib.parse.quote(relative)}", headers={"User-Agent": "gpufleet-lab-mirror"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=UPSTREAM_TIMEOUT_SECONDS) as response:
             destination.parent.mkdir(parents=True, exist_ok=True)

@@ -52,9 +52,7 @@ def host_network_ok(name: str, veth: str, address: HostAddress) -> bool:
         return False
     result = _ip("-json", "-4", "addr", "show", "dev", veth, check=False)
     addrs = json.loads(result.stdout or "[]") if result.returncode == 0 else []
-    return any(
-        info.get("local") == str(address.gateway) for link in addrs for info in link.get("addr_info", [])
-    )
+    return any(info.get("local") == str(address.gateway) for link in addrs for info in link.get("addr_info", []))
 
 
 def create_host_network(name: str, veth: str, address: HostAddress) -> None:
@@ -82,8 +80,10 @@ CLUSTER_PREFIXLEN = 30
 def _has_address(namespace: str, address: str) -> bool:
     result = _ip("-n", namespace, "-json", "-4", "addr", "show", "dev", CLUSTER_IFNAME, check=False)
     links = json.loads(result.stdout or "[]") if result.returncode == 0 else []
-    return any("UP" in link.get("flags", []) and any(info.get("local") == address for info in link.get("addr_info", []))
-               for link in links)
+    return any(
+        "UP" in link.get("flags", []) and any(info.get("local") == address for info in link.get("addr_info", []))
+        for link in links
+    )
 
 
 def ensure_cluster_link(first: str, second: str) -> bool:

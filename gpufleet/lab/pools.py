@@ -70,8 +70,9 @@ def _refuse_foreign(config: LabConfig, claims: list[Claim]) -> None:
         )
 
 
-def claim_pool(config: LabConfig, preferred: str | None, ignore_interfaces: list[str],
-               registry: Path = REGISTRY_DIR) -> str:
+def claim_pool(
+    config: LabConfig, preferred: str | None, ignore_interfaces: list[str], registry: Path = REGISTRY_DIR
+) -> str:
     """Chooses a free pool for this lab, records it machine-wide and in the lab's state; returns it."""
     with _registry_lock(registry):
         claims = read_claims(registry)

@@ -38,8 +38,13 @@ RELEASES = {
     release.name: release
     for release in (
         OsRelease(name="debian12", suite="bookworm", distribution="Debian", major="12"),
-        OsRelease(name="debian13", suite="trixie", distribution="Debian", major="13",
-                  unrun_kernel_paths=("/boot/vmlinuz-*", "/usr/lib/modules/*/kernel/*")),
+        OsRelease(
+            name="debian13",
+            suite="trixie",
+            distribution="Debian",
+            major="13",
+            unrun_kernel_paths=("/boot/vmlinuz-*", "/usr/lib/modules/*/kernel/*"),
+        ),
     )
 }
 DEFAULT_OS = "debian12"
@@ -51,8 +56,9 @@ def parse_os_list(text: str) -> list[OsRelease]:
     unknown = [name for name in names if name not in RELEASES]
     if unknown:
         shown = ", ".join(repr(name) for name in unknown)
-        raise GpufleetError(f"--os {shown}: the lab boots {', '.join(RELEASES)} (comma-separated, cycled over "
-                            f"the hosts)")
+        raise GpufleetError(
+            f"--os {shown}: the lab boots {', '.join(RELEASES)} (comma-separated, cycled over the hosts)"
+        )
     return [RELEASES[name] for name in names]
 
 

@@ -20,8 +20,21 @@ from gpufleet.lab.releases import OsRelease
 DEBIAN_ARCHIVE = "http://deb.debian.org/debian"
 
 PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "iproute2", "sudo",
-    "ca-certificates", "curl", "gnupg", "procps", "kmod", "less", "iputils-ping", "netbase",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "iproute2",
+    "sudo",
+    "ca-certificates",
+    "curl",
+    "gnupg",
+    "procps",
+    "kmod",
+    "less",
+    "iputils-ping",
+    "netbase",
 )
 
 # Shell run by mmdebstrap inside the finished tree ("$1" is its root). Host keys and the machine id
@@ -107,8 +120,18 @@ def ensure_rootfs(cache_dir: Path, release: OsRelease) -> tuple[Path, bool]:
 def extract(tar_path: Path, destination: Path) -> None:
     """Unpacks the image into an empty directory, keeping owners, modes and extended attributes."""
     destination.mkdir(parents=True, exist_ok=False)
-    command = ["tar", "--extract", "--numeric-owner", "--preserve-permissions", "--xattrs",
-               "--xattrs-include=*", "-C", str(destination), "-f", str(tar_path)]
+    command = [
+        "tar",
+        "--extract",
+        "--numeric-owner",
+        "--preserve-permissions",
+        "--xattrs",
+        "--xattrs-include=*",
+        "-C",
+        str(destination),
+        "-f",
+        str(tar_path),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise GpufleetError(f"extracting {tar_path} into {destination} failed: {result.stderr.strip()}")
@@ -144,9 +167,11 @@ def _open_tree_dir(root: Path, relative: PurePosixPath, create_mode: int | None)
         os.close(fd)
         if error.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
-        raise PlantedLinkError(f"{root / relative} is a symbolic link or not a directory (made inside the host?): "
-                               f"run `gpufleet lab down` and `gpufleet lab up` to rebuild the host from the "
-                               f"image") from error
+        raise PlantedLinkError(
+            f"{root / relative} is a symbolic link or not a directory (made inside the host?): "
+            f"run `gpufleet lab down` and `gpufleet lab up` to rebuild the host from the "
+            f"image"
+        ) from error
     return fd
 
 
@@ -161,8 +186,7 @@ def tree_write(root: Path, relative: str, text: str, mode: int = 0o644) -> None:
     fd = _open_tree_dir(root, path.parent, 0o755)
     partial = f".{path.name}.gpufleet-{os.getpid()}"
     try:
-        handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                         dir_fd=fd)
+        handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
         try:
             os.write(handle, text.encode())
             os.fchmod(handle, mode)
@@ -171,8 +195,10 @@ def tree_write(root: Path, relative: str, text: str, mode: int = 0o644) -> None:
         os.rename(partial, path.name, src_dir_fd=fd, dst_dir_fd=fd)
     except IsADirectoryError as error:
         os.unlink(partial, dir_fd=fd)
-        raise PlantedLinkError(f"{root / relative} is a directory; run `gpufleet lab down` and `gpufleet lab up` "
-                               f"to rebuild the host from the image") from error
+        raise PlantedLinkError(
+            f"{root / relative} is a directory; run `gpufleet lab down` and `gpufleet lab up` "
+            f"to rebuild the host from the image"
+        ) from error
     finally:
         os.close(fd)
 

@@ -82,8 +82,13 @@ class Supervisor:
     def run_once(self) -> int:
         """Boots the host once and returns nspawn's exit status."""
         with self.paths["console_log"].open("ab") as console:
-            self.child = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=console, stderr=console,
-                                          env={**os.environ, **NSPAWN_ENVIRONMENT})
+            self.child = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=console,
+                env={**os.environ, **NSPAWN_ENVIRONMENT},
+            )
         write_pid_file(self.paths["nspawn_pid"], self.child.pid)
         self.log(f"started systemd-nspawn pid {self.child.pid}")
         return self.wait_child()

@@ -72,8 +72,9 @@ def write_public(path: Path, data: bytes) -> None:
 
 
 def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def cert_pem(cert: x509.Certificate) -> bytes:
@@ -92,18 +93,38 @@ def ensure_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivat
         assert isinstance(key, ec.EllipticCurvePrivateKey)
         return x509.load_pem_x509_certificate(cert_path.read_bytes()), key, False
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "gpufleet lab"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, "gpufleet lab CA")])
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now() - datetime.timedelta(minutes=5))
-            .not_valid_after(now() + datetime.timedelta(days=CA_DAYS))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "gpufleet lab"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "gpufleet lab CA"),
+        ]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now() - datetime.timedelta(minutes=5))
+        .not_valid_after(now() + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     write_private(key_path, key_pem(key))
     write_public(cert_path, cert_pem(cert))
     return cert, key, True
@@ -127,24 +148,29 @@ def is_current(cert_path: Path, host: Host, ca: x509.Certificate) -> bool:
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return False
-    return (cert.issuer == ca.subject
-            and set(names) == set(wanted_names(host))
-            and cert.not_valid_after_utc - now() > RENEW_BEFORE)
+    return (
+        cert.issuer == ca.subject
+        and set(names) == set(wanted_names(host))
+        and cert.not_valid_after_utc - now() > RENEW_BEFORE
+    )
 
 
 def issue(host: Host, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, directory: Path) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host.name)]))
-            .issuer_name(ca.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now() - datetime.timedelta(minutes=5))
-            .not_valid_after(now() + datetime.timedelta(days=HOST_DAYS))
-            .add_extension(x509.SubjectAlternativeName(wanted_names(host)), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host.name)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now() - datetime.timedelta(minutes=5))
+        .not_valid_after(now() + datetime.timedelta(days=HOST_DAYS))
+        .add_extension(x509.SubjectAlternativeName(wanted_names(host)), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     write_private(directory / f"{host.name}.key", key_pem(key))
     # nginx wants the chain in one file: the host's certificate first, then the CA.
     write_public(directory / f"{host.name}.crt", cert_pem(cert) + cert_pem(ca))

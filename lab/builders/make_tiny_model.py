@@ -202,7 +202,7 @@ def load_pin() -> tuple[str, str]:
     url = str(entry["url"])
     if not url.startswith(MIRROR_URL_PREFIX):
         raise PinError(f"{MODEL_NAME}: url {url!r} does not start with {MIRROR_URL_PREFIX!r}: not a lab mirror URL")
-    return url[len(MIRROR_URL_PREFIX):], str(entry["sha256"]).lower()
+    return url[len(MIRROR_URL_PREFIX) :], str(entry["sha256"]).lower()
 
 
 def publish(tarball: Path, mirror_path: str, sha256: str) -> str:
@@ -217,7 +217,9 @@ def publish(tarball: Path, mirror_path: str, sha256: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="build (or reuse the cache) and compare with the pin; publish nothing")
+    parser.add_argument(
+        "--check", action="store_true", help="build (or reuse the cache) and compare with the pin; publish nothing"
+    )
     parser.add_argument("--json", action="store_true", help="print path, sha256, size and what was done as JSON")
     parser.add_argument("--build-into", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -229,10 +231,16 @@ def main(argv: list[str] | None = None) -> int:
         tarball = cached_tarball()
         actual = sha256_file(tarball)
         if actual != pinned:
-            raise PinError(f"{tarball.name} has sha256 {actual}, but {PIN_FILE.relative_to(REPO)} pins {pinned} "
-                           "for tiny-qwen2; nothing was published")
-        result = {"path": str(tarball), "sha256": actual, "size": tarball.stat().st_size,
-                  "mirror": "not published (--check)" if args.check else publish(tarball, mirror_path, actual)}
+            raise PinError(
+                f"{tarball.name} has sha256 {actual}, but {PIN_FILE.relative_to(REPO)} pins {pinned} "
+                "for tiny-qwen2; nothing was published"
+            )
+        result = {
+            "path": str(tarball),
+            "sha256": actual,
+            "size": tarball.stat().st_size,
+            "mirror": "not published (--check)" if args.check else publish(tarball, mirror_path, actual),
+        }
     except subprocess.CalledProcessError as error:
         print(f"make_tiny_model: the build failed ({error}); see the output above", file=sys.stderr)
         return 1

@@ -93,11 +93,14 @@ def make_pyenv_tarball(checkout: Path, prefix: str, destination: Path) -> None:
         raise BuildError(f"{checkout} is not a pyenv git checkout; pass --pyenv-checkout DIR")
     archive = subprocess.run(
         ["git", "-C", str(checkout), "archive", "--format=tar", f"--prefix={prefix}/", PYENV_COMMIT],
-        capture_output=True, check=False,
+        capture_output=True,
+        check=False,
     )
     if archive.returncode != 0:
-        raise BuildError(f"git archive of pyenv commit {PYENV_COMMIT} in {checkout} failed: "
-                         f"{archive.stderr.decode(errors='replace').strip()}")
+        raise BuildError(
+            f"git archive of pyenv commit {PYENV_COMMIT} in {checkout} failed: "
+            f"{archive.stderr.decode(errors='replace').strip()}"
+        )
     compressed = subprocess.run(["gzip", "-n", "-9"], input=archive.stdout, capture_output=True, check=True)
     destination.write_bytes(compressed.stdout)
 
@@ -126,8 +129,10 @@ def _is_source_file(path: Path, root: Path) -> bool:
 def download(url: str, destination: Path) -> None:
     request = urllib.request.Request(url, headers={"User-Agent": "gpufleet-lab-builder"})
     try:
-        with urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response, \
-                destination.open("wb") as handle:
+        with (
+            urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response,
+            destination.open("wb") as handle,
+        ):
             while block := response.read(1 << 20):
                 handle.write(block)
     except OSError as error:
@@ -193,13 +198,24 @@ def run(only: list[str], check: bool, pyenv_checkout: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=["pyenv", "cpython", "kernel"],
-                        default=["pyenv", "cpython", "kernel"], help="which artifacts to make")
-    parser.add_argument("--check", action="store_true",
-                        help="build locally and compare with the pins; publish nothing, download nothing")
-    parser.add_argument("--pyenv-checkout", type=Path,
-                        default=Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv"),
-                        help="pyenv git checkout to archive (default: $PYENV_ROOT or ~/.pyenv)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=["pyenv", "cpython", "kernel"],
+        default=["pyenv", "cpython", "kernel"],
+        help="which artifacts to make",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="build locally and compare with the pins; publish nothing, download nothing",
+    )
+    parser.add_argument(
+        "--pyenv-checkout",
+        type=Path,
+        default=Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv"),
+        help="pyenv git checkout to archive (default: $PYENV_ROOT or ~/.pyenv)",
+    )
     args = parser.parse_args(argv)
     try:
         return run(args.only, args.check, args.pyenv_checkout)

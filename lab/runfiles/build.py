@@ -107,8 +107,20 @@ def run_makeself(content: Path, output: Path, label: str, startup: str, header: 
     """Packs content into a self-extracting archive, reproducibly."""
     tar_extra = "--mtime=@0 --owner=0 --group=0 --numeric-owner --sort=name"
     command = [
-        "makeself", "--quiet", "--nox11", "--gzip", "--header", str(header), "--tar-extra", tar_extra,
-        "--packaging-date", "LAB-STANDIN", str(content), str(output), label, startup,
+        "makeself",
+        "--quiet",
+        "--nox11",
+        "--gzip",
+        "--header",
+        str(header),
+        "--tar-extra",
+        tar_extra,
+        "--packaging-date",
+        "LAB-STANDIN",
+        str(content),
+        str(output),
+        label,
+        startup,
     ]
     # gzip -n keeps the timestamp out of the compressed stream.
     env = dict(os.environ, GZIP="-n")
@@ -188,8 +200,10 @@ def build_toolkit(version: str, bundled_driver: str) -> Runfile:
         (payload / "nvcc").chmod(0o755)
         shutil.copy(HERE / "toolkit" / "cuda-uninstaller", payload / "cuda-uninstaller")
         shutil.copy(HERE / "toolkit" / "cuda_runtime_api.h", payload / "cuda_runtime_api.h")
-        version_json = {"cuda": {"name": "CUDA SDK (LAB-STANDIN)", "version": version},
-                        "cuda_cudart": {"name": "CUDA Runtime (LAB-STANDIN)", "version": version}}
+        version_json = {
+            "cuda": {"name": "CUDA SDK (LAB-STANDIN)", "version": version},
+            "cuda_cudart": {"name": "CUDA Runtime (LAB-STANDIN)", "version": version},
+        }
         (payload / "version.json").write_text(json.dumps(version_json, indent=3) + "\n")
         cudart = 1000 * int(major) + 10 * int(minor)
         compile_cudart(HERE / "toolkit" / "cudart.c", payload / "libcudart.so", cudart, major)
@@ -200,8 +214,11 @@ def build_toolkit(version: str, bundled_driver: str) -> Runfile:
 
 
 def compile_cudart(source: Path, output: Path, runtime_version: int, major: str) -> None:
-    compile_library(source, output, ["-fvisibility=hidden", f"-DLAB_CUDART_VERSION={runtime_version}",
-                                     f"-Wl,-soname,libcudart.so.{major}"])
+    compile_library(
+        source,
+        output,
+        ["-fvisibility=hidden", f"-DLAB_CUDART_VERSION={runtime_version}", f"-Wl,-soname,libcudart.so.{major}"],
+    )
 
 
 def compile_library(source: Path, output: Path, flags: list[str]) -> None:
@@ -224,13 +241,21 @@ def build_fabric_manager(version: str) -> Runfile:
     if built:
         target.parent.mkdir(parents=True, exist_ok=True)
         source = HERE / "fabricmanager"
-        members = {"bin/nv-fabricmanager": ((source / "nv-fabricmanager.in").read_text()
-                                             .replace("@VERSION@", version).encode(), 0o755),
-                   "LICENSE": (MARKER_TEXT.format(what=f"NVIDIA's fabric manager archive {name}").encode(), 0o644)}
-        members.update({path: ((source / file).read_bytes(), mode) for path, (file, mode) in FABRIC_MANAGER_FILES.items()})
+        members = {
+            "bin/nv-fabricmanager": (
+                (source / "nv-fabricmanager.in").read_text().replace("@VERSION@", version).encode(),
+                0o755,
+            ),
+            "LICENSE": (MARKER_TEXT.format(what=f"NVIDIA's fabric manager archive {name}").encode(), 0o644),
+        }
+        members.update(
+            {path: ((source / file).read_bytes(), mode) for path, (file, mode) in FABRIC_MANAGER_FILES.items()}
+        )
         with tempfile.TemporaryDirectory() as scratch:
             library = Path(scratch) / "libnvfm.so.1"
-            compile_library(source / "libnvfm.c", library, [f'-DLAB_FM_VERSION="{version}"', "-Wl,-soname,libnvfm.so.1"])
+            compile_library(
+                source / "libnvfm.c", library, [f'-DLAB_FM_VERSION="{version}"', "-Wl,-soname,libnvfm.so.1"]
+            )
             members["lib/libnvfm.so.1"] = (library.read_bytes(), 0o644)
         partial = target.with_name(name + ".part")
         partial.write_bytes(lzma.compress(reproducible_tar(top, members), format=lzma.FORMAT_XZ))
@@ -242,8 +267,9 @@ def reproducible_tar(top: str, members: dict[str, tuple[bytes, int]]) -> bytes:
     """A tar of members under top/, with fixed metadata and order, so the same inputs give the same bytes."""
     stream = io.BytesIO()
     with tarfile.open(fileobj=stream, mode="w", format=tarfile.GNU_FORMAT) as archive:
-        directories = sorted({"/".join(path.split("/")[:depth]) for path in members
-                              for depth in range(1, path.count("/") + 1)})
+        directories = sorted(
+            {"/".join(path.split("/")[:depth]) for path in members for depth in range(1, path.count("/") + 1)}
+        )
         for path in [""] + directories:
             info = tarfile.TarInfo(f"{top}/{path}".rstrip("/"))
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0

@@ -25,7 +25,10 @@ class ActionModule(ActionBase):
             except stack_kb.KnowledgeBaseError as error:
                 result.update(failed=True, changed=False, msg="cannot load the knowledge base: %s" % error)
                 return result
-        result.update(self._execute_module(module_name="gpufleet.fleet.stack_host_check",
-                                           module_args=module_args, task_vars=task_vars))
+        result.update(
+            self._execute_module(
+                module_name="gpufleet.fleet.stack_host_check", module_args=module_args, task_vars=task_vars
+            )
+        )
         result["changed"] = False
         return result

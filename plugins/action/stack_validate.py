@@ -35,8 +35,14 @@ class ActionModule(ActionBase):
         # The role variables the stack owns are read here only when the inventory sets them: this play loads
         # no role, so no role default is among the task's variables.
         role_variables = stack_conflicts.ROLE_VARIABLES
-        names = ("gpufleet_mirror_url", "gpufleet_artifact_sha256", "cuda_toolkit_extra_versions",
-                 "inference_venv_stack_options", "pyenv_python_pyenv_version", "gpufleet_stack") + role_variables
+        names = (
+            "gpufleet_mirror_url",
+            "gpufleet_artifact_sha256",
+            "cuda_toolkit_extra_versions",
+            "inference_venv_stack_options",
+            "pyenv_python_pyenv_version",
+            "gpufleet_stack",
+        ) + role_variables
         variables = dict((name, self._templar.template(task_vars[name])) for name in names if name in task_vars)
         if args.get("stack") is not None:
             variables["gpufleet_stack"] = args["stack"]
@@ -68,23 +74,35 @@ class ActionModule(ActionBase):
 
     def _conflicts(self, result, variables, resolved, task_vars):
         """Fail when an inventory value of a role variable contradicts the stack, naming both and where each is."""
-        plain = helpers.plain(dict((name, variables[name]) for name in stack_conflicts.ROLE_VARIABLES
-                                   if name in variables))
+        plain = helpers.plain(
+            dict((name, variables[name]) for name in stack_conflicts.ROLE_VARIABLES if name in variables)
+        )
         host, groups = task_vars.get("inventory_hostname"), list(task_vars.get("group_names") or [])
         found = stack_conflicts.conflicts(plain, resolved)
-        result["conflicts"] = [stack_conflicts.describe(item, host, groups, task_vars.get("inventory_dir"))
-                               for item in found]
+        result["conflicts"] = [
+            stack_conflicts.describe(item, host, groups, task_vars.get("inventory_dir")) for item in found
+        ]
         if found:
             result["failed"] = True
             result["msg"] = "the inventory sets %d role variable(s) against the declared stack: %s" % (
-                len(found), " | ".join(result["conflicts"]))
+                len(found),
+                " | ".join(result["conflicts"]),
+            )
         else:
             result["msg"] = "the declared stack is compatible (%d warning(s), %d sourced facts used, %d artifacts)" % (
-                len(result["stack_warnings"]), len(result["facts_used"]), len(result["artifacts"]))
+                len(result["stack_warnings"]),
+                len(result["facts_used"]),
+                len(result["artifacts"]),
+            )
         return result
 
     def _pyenv_default(self):
         """pyenv_python's default release, so preflight resolves pyenv's tarball as the role will."""
-        defaults = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "roles", "pyenv_python", "defaults", "main.yml")
+        defaults = os.path.join(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            "roles",
+            "pyenv_python",
+            "defaults",
+            "main.yml",
+        )
         return str(self._loader.load_from_file(defaults).get("pyenv_python_pyenv_version", ""))

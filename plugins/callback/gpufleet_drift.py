@@ -112,5 +112,6 @@ class CallbackModule(CallbackBase):
         errors = [layer for layer in plan if results[layer].status == "error"]
         seconds = time.monotonic() - self.host_started.get(host, time.monotonic())
         words = (f"drifted: {', '.join(drifted)}" if drifted else "no drift") + (
-            f"; error: {', '.join(errors)}" if errors else "")
+            f"; error: {', '.join(errors)}" if errors else ""
+        )
         self._display.display(f"drift: {host}: {len(plan)} layers in {seconds:.1f} s, {words}")

@@ -72,7 +72,7 @@ def walk(value: Any, path: str) -> Iterator[tuple[str, str, bool]]:
 
 
 def problem(path: str, text: str, allowed: dict[str, str], is_key: bool) -> str | None:
-    where = f"a key of {path[:-len(KEYS)]}" if is_key else path
+    where = f"a key of {path[: -len(KEYS)]}" if is_key else path
     classes = [character_class for path_pattern, character_class in allowed.items() if re.fullmatch(path_pattern, path)]
     for position, character in enumerate(text):
         if unicodedata.category(character) == "Cc":

@@ -47,7 +47,12 @@ import os
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_artifacts, stack_declared, stack_kb, stack_spec
+from ansible_collections.gpufleet.fleet.plugins.module_utils import (
+    stack_artifacts,
+    stack_declared,
+    stack_kb,
+    stack_spec,
+)
 
 _CACHE = {}
 
@@ -90,22 +95,37 @@ def validate_and_resolve(inputs: dict) -> dict:
 
 def _compute(inputs: dict) -> dict:
     if inputs["stack"] is None:
-        return {"report": None, "resolved": None,
-                "error": "no gpufleet_stack is declared for this host: declare one per GPU class in the "
-                         "inventory's group_vars (see inventories/example)"}
+        return {
+            "report": None,
+            "resolved": None,
+            "error": "no gpufleet_stack is declared for this host: declare one per GPU class in the "
+            "inventory's group_vars (see inventories/example)",
+        }
     try:
         kb = stack_kb.load_kb(kb_dir())
         report = stack_declared.validate_stack(stack_spec.normalize_stack(inputs["stack"]), kb)
     except (stack_spec.StackError, stack_kb.KnowledgeBaseError) as error:
         return {"report": None, "resolved": None, "error": "gpufleet_stack is invalid: %s" % error}
     if report["errors"]:
-        return {"report": report, "resolved": None,
-                "error": "the declared stack is not compatible (%d error(s)): %s" % (
-                    len(report["errors"]),
-                    " | ".join("[%s] %s" % (item["link"], item["message"]) for item in report["errors"]))}
+        return {
+            "report": report,
+            "resolved": None,
+            "error": "the declared stack is not compatible (%d error(s)): %s"
+            % (
+                len(report["errors"]),
+                " | ".join("[%s] %s" % (item["link"], item["message"]) for item in report["errors"]),
+            ),
+        }
     try:
-        resolved = stack_artifacts.resolve(report["stack"], kb, inputs["mirror_url"], inputs["pins"],
-                                           inputs["extra_toolkits"], inputs["venv_options"], inputs["pyenv_version"])
+        resolved = stack_artifacts.resolve(
+            report["stack"],
+            kb,
+            inputs["mirror_url"],
+            inputs["pins"],
+            inputs["extra_toolkits"],
+            inputs["venv_options"],
+            inputs["pyenv_version"],
+        )
     except stack_artifacts.ArtifactError as error:
         return {"report": report, "resolved": None, "error": "the declared stack cannot be installed: %s" % error}
     resolved["stack"] = report["stack"]
@@ -124,9 +144,18 @@ def path_value(resolved: dict, path: str):
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         variables = variables or {}
-        templated = {name: self._templar.template(variables[name]) for name in (
-            "gpufleet_stack", "gpufleet_mirror_url", "gpufleet_artifact_sha256", "cuda_toolkit_extra_versions",
-            "inference_venv_stack_options", "pyenv_python_pyenv_version") if name in variables}
+        templated = {
+            name: self._templar.template(variables[name])
+            for name in (
+                "gpufleet_stack",
+                "gpufleet_mirror_url",
+                "gpufleet_artifact_sha256",
+                "cuda_toolkit_extra_versions",
+                "inference_venv_stack_options",
+                "pyenv_python_pyenv_version",
+            )
+            if name in variables
+        }
         inputs = inputs_of(templated)
         outcome = validate_and_resolve(inputs)
         if outcome["error"]:
@@ -135,8 +164,11 @@ class LookupModule(LookupBase):
         if list(terms) == ["driver.fabric_manager"] and outcome["resolved"]["driver"]:
             # Not part of every stack's artifacts: only an NVSwitch system's role asks for it.
             try:
-                return [stack_artifacts.fabric_manager_archive(
-                    str(version or outcome["resolved"]["driver"]["version"]), inputs["mirror_url"], inputs["pins"])]
+                return [
+                    stack_artifacts.fabric_manager_archive(
+                        str(version or outcome["resolved"]["driver"]["version"]), inputs["mirror_url"], inputs["pins"]
+                    )
+                ]
             except stack_artifacts.ArtifactError as error:
                 raise AnsibleLookupError(str(error))
         if version and outcome["resolved"]["driver"] and str(version) != outcome["resolved"]["driver"]["version"]:

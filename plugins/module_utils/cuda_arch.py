@@ -41,9 +41,7 @@ def parse_capability(text: str) -> tuple[int, int]:
     capability = compute_capability(text)
     if capability is not None:
         return capability
-    raise ArchError(
-        "%r is not a compute capability: write it as MAJOR.MINOR, e.g. 9.0 for an H100/H200" % (text,)
-    )
+    raise ArchError("%r is not a compute capability: write it as MAJOR.MINOR, e.g. 9.0 for an H100/H200" % (text,))
 
 
 def capability_text(capability: tuple[int, int]) -> str:

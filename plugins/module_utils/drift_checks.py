@@ -52,8 +52,13 @@ class Finding:
     detail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "field": self.field, "expected": self.expected, "actual": self.actual,
-                "detail": self.detail}
+        return {
+            "check": self.check,
+            "field": self.field,
+            "expected": self.expected,
+            "actual": self.actual,
+            "detail": self.detail,
+        }
 
 
 Runner = Callable[[list], "tuple[int, str, str]"]
@@ -62,8 +67,14 @@ Runner = Callable[[list], "tuple[int, str, str]"]
 def run_process(argv: list) -> tuple[int, str, str]:
     """Runs a read-only command with a fixed locale; (rc, stdout, stderr). rc 127 when it does not exist."""
     try:
-        process = subprocess.run([str(part) for part in argv], capture_output=True, text=True, timeout=120,
-                                 env=dict(os.environ, LC_ALL="C", LANGUAGE="C"), check=False)
+        process = subprocess.run(
+            [str(part) for part in argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, LC_ALL="C", LANGUAGE="C"),
+            check=False,
+        )
     except FileNotFoundError as error:
         return 127, "", str(error)
     except subprocess.TimeoutExpired:
@@ -83,6 +94,7 @@ class Context:
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
+
 
 def require(spec: dict, *keys: str) -> None:
     missing = [key for key in keys if spec.get(key) in (None, "")]
@@ -156,6 +168,7 @@ def lstat_or_none(path: str) -> os.stat_result | None:
 
 # ---- kinds: files --------------------------------------------------------------------------------------
 
+
 def check_file(spec: dict, ctx: Context) -> list[Finding]:
     """A regular file with the declared content (or sha256), owner, group and mode.
 
@@ -177,13 +190,17 @@ def check_file(spec: dict, ctx: Context) -> list[Finding]:
                 actual = handle.read()
             if actual != expected:
                 detail = text_diff(expected, actual, path) if spec.get("show_diff", True) else ""
-                found.append(Finding(label, "content", short_hash(sha256_bytes(expected)),
-                                     short_hash(sha256_bytes(actual)), detail))
+                found.append(
+                    Finding(
+                        label, "content", short_hash(sha256_bytes(expected)), short_hash(sha256_bytes(actual)), detail
+                    )
+                )
         elif spec.get("sha256"):
             actual_digest = sha256_file(path)
             if actual_digest != str(spec["sha256"]).lower():
-                found.append(Finding(label, "content", short_hash(str(spec["sha256"]).lower()),
-                                     short_hash(actual_digest)))
+                found.append(
+                    Finding(label, "content", short_hash(str(spec["sha256"]).lower()), short_hash(actual_digest))
+                )
     except OSError as error:
         raise CheckError(f"cannot read {path}: {error.strerror}") from None
     return found
@@ -227,6 +244,7 @@ def check_absent(spec: dict, ctx: Context) -> list[Finding]:
 
 # ---- kinds: packages, accounts, services -----------------------------------------------------------
 
+
 def dpkg_packages(ctx: Context) -> dict[str, str]:
     """{package name: Status field} from the dpkg database, read once per layer."""
     if "dpkg" not in ctx.cache:
@@ -266,9 +284,11 @@ def check_held(spec: dict, ctx: Context) -> list[Finding]:
     """Every installed package whose name matches `pattern` is held (kernel packages under a driver)."""
     require(spec, "pattern")
     pattern = re.compile(spec["pattern"])
-    return [Finding(f"package {name}", "selection", "hold", status.split()[0])
-            for name, status in sorted(dpkg_packages(ctx).items())
-            if pattern.search(name) and status.endswith(" installed") and not status.startswith("hold ")]
+    return [
+        Finding(f"package {name}", "selection", "hold", status.split()[0])
+        for name, status in sorted(dpkg_packages(ctx).items())
+        if pattern.search(name) and status.endswith(" installed") and not status.startswith("hold ")
+    ]
 
 
 def check_user(spec: dict, ctx: Context) -> list[Finding]:
@@ -336,11 +356,24 @@ def check_service(spec: dict, ctx: Context) -> list[Finding]:
         loaded = sorted(props.get("DropInPaths", "").split())
         if loaded != sorted(spec["dropins"]):
             foreign = sorted(set(loaded) - set(spec["dropins"]))
-            found.append(Finding(label, "drop-ins", sorted(spec["dropins"]), loaded,
-                                 f"not gpufleet's: {', '.join(foreign)}" if foreign else ""))
+            found.append(
+                Finding(
+                    label,
+                    "drop-ins",
+                    sorted(spec["dropins"]),
+                    loaded,
+                    f"not gpufleet's: {', '.join(foreign)}" if foreign else "",
+                )
+            )
     if props.get("NeedDaemonReload") == "yes":
-        found.append(Finding(label, "loaded unit", "the unit file on disk",
-                             "an older unit file (changed on disk, systemd not reloaded)"))
+        found.append(
+            Finding(
+                label,
+                "loaded unit",
+                "the unit file on disk",
+                "an older unit file (changed on disk, systemd not reloaded)",
+            )
+        )
     return found
 
 
@@ -381,8 +414,14 @@ def check_http(spec: dict, ctx: Context) -> list[Finding]:
     validate_certs = spec.get("validate_certs", True) not in (False, "false", "False")
     try:
         # No ~/.netrc credentials: the check sends exactly the headers it declares.
-        with open_url(spec["url"], method="GET", headers=spec.get("headers") or {}, validate_certs=validate_certs,
-                      timeout=float(spec.get("timeout", 10)), use_netrc=False) as response:
+        with open_url(
+            spec["url"],
+            method="GET",
+            headers=spec.get("headers") or {},
+            validate_certs=validate_certs,
+            timeout=float(spec.get("timeout", 10)),
+            use_netrc=False,
+        ) as response:
             status = response.status
     except urllib.error.HTTPError as error:
         status = error.code

@@ -29,25 +29,45 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.digests import sha256_file, sha256_stream
 from ansible_collections.gpufleet.fleet.plugins.module_utils.fabric_manager import (
-    NVSWITCH_DEVICES, UNIT, count_nvswitches,
+    NVSWITCH_DEVICES,
+    UNIT,
+    count_nvswitches,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.kernel_key import (
-    TORCH_PROBE, KernelKeyError, build_key, key_components, parse_nvcc_version, torch_identity,
+    TORCH_PROBE,
+    KernelKeyError,
+    build_key,
+    key_components,
+    parse_nvcc_version,
+    torch_identity,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import fabric_manager_version, nvcc_release
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import (
-    NvmlError, check_expectations, loaded_driver_state, read_fabric, read_gpu_state,
+    NvmlError,
+    check_expectations,
+    loaded_driver_state,
+    read_fabric,
+    read_gpu_state,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.pip_lock import (
-    BOOTSTRAP_PACKAGES, LockError, canonical_name, diff_against_lock, parse_lock,
+    BOOTSTRAP_PACKAGES,
+    LockError,
+    canonical_name,
+    diff_against_lock,
+    parse_lock,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import PROBE as PYTHON_PROBE
 from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import (
-    PythonBuildError, configure_options, interpreter_path, mismatches,
+    PythonBuildError,
+    configure_options,
+    interpreter_path,
+    mismatches,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.python_build import parse_probe as parse_python_probe
 from ansible_collections.gpufleet.fleet.plugins.module_utils.runfile import (
-    installed_driver, installed_toolkit, loaded_driver_from_kernel,
+    installed_driver,
+    installed_toolkit,
+    loaded_driver_from_kernel,
 )
 
 # What model_store writes beside the weights: never "unexpected files".
@@ -58,6 +78,7 @@ KERNEL_MARKERS = "gpufleet-kernels"
 
 
 # ---- driver and GPUs ------------------------------------------------------------------------------------
+
 
 def loaded_driver(library: str | None) -> tuple[str, str | None]:
     """(state, version) of the loaded driver, as nvidia_runfile sees it: NVML first, then /proc and /sys."""
@@ -104,8 +125,15 @@ def check_fabric_manager(spec: dict, ctx: Context) -> list[Finding]:
     wanted = str(spec["version"])
     rc, out, err = ctx.run(["nv-fabricmanager", "--version"])
     installed = fabric_manager_version(out + err) if rc == 0 else None
-    found = [] if installed == wanted else [Finding("nvidia-fabricmanager", "version", wanted,
-                                                    installed or "not installed", "CUDA fails with error 802")]
+    found = (
+        []
+        if installed == wanted
+        else [
+            Finding(
+                "nvidia-fabricmanager", "version", wanted, installed or "not installed", "CUDA fails with error 802"
+            )
+        ]
+    )
     return found + check_service({"name": UNIT, "enabled": True, "active": True}, ctx)
 
 
@@ -117,9 +145,16 @@ def check_gpus(spec: dict, ctx: Context) -> list[Finding]:
     except NvmlError as error:
         return [Finding("GPUs", "driver", "usable through NVML", str(error).split(". ", maxsplit=1)[0])]
     ctx.cache["gpus"] = state
-    return [Finding(f"GPU {item['gpu']} ({item['uuid']})" if item["gpu"] is not None else "GPUs",
-                    item["field"], item["expected"], item["actual"], item["message"])
-            for item in check_expectations(state, expect)]
+    return [
+        Finding(
+            f"GPU {item['gpu']} ({item['uuid']})" if item["gpu"] is not None else "GPUs",
+            item["field"],
+            item["expected"],
+            item["actual"],
+            item["message"],
+        )
+        for item in check_expectations(state, expect)
+    ]
 
 
 # `dkms status` lines: "nvidia/580.95.05, 6.1.0-18-amd64, x86_64: installed" (dkms 3), "nvidia, 580.95.05,
@@ -129,14 +164,17 @@ DKMS_LINE = re.compile(r"^[^,/\s]+[/,]\s*[^,:]+,\s*(?P<kernel>[^,:]+),\s*[^:]+:\
 
 def dkms_kernel_states(status: str) -> dict[str, str]:
     """Kernel -> state (installed, built, ...) of the module, from `dkms status -m M -v V`."""
-    return {match.group("kernel").strip(): match.group("state").rstrip(",")
-            for match in map(DKMS_LINE.match, status.splitlines()) if match}
+    return {
+        match.group("kernel").strip(): match.group("state").rstrip(",")
+        for match in map(DKMS_LINE.match, status.splitlines())
+        if match
+    }
 
 
 def installed_kernels(boot_dir: str) -> list[str]:
     """Kernels the bootloader can start: /boot/vmlinuz-<release>."""
     try:
-        return sorted(name[len("vmlinuz-"):] for name in os.listdir(boot_dir) if name.startswith("vmlinuz-"))
+        return sorted(name[len("vmlinuz-") :] for name in os.listdir(boot_dir) if name.startswith("vmlinuz-"))
     except FileNotFoundError:
         return []
 
@@ -158,15 +196,26 @@ def check_dkms(spec: dict, ctx: Context) -> list[Finding]:
         return [Finding(label, "registered", str(spec["version"]), "not registered")]
     kernels = installed_kernels(str(spec.get("boot_dir") or "/boot"))
     if not kernels:
-        ctx.notes.append(f"no kernel image (vmlinuz-*) in {spec.get('boot_dir') or '/boot'}: the module's build "
-                         "for each installed kernel not compared (a container)")
+        ctx.notes.append(
+            f"no kernel image (vmlinuz-*) in {spec.get('boot_dir') or '/boot'}: the module's build "
+            "for each installed kernel not compared (a container)"
+        )
     states = dkms_kernel_states(out)
-    return [Finding(f"kernel {kernel}", f"{spec['module']} module (DKMS)", "installed", states.get(kernel, "not built"),
-                    "this kernel would boot without the GPU driver")
-            for kernel in kernels if states.get(kernel) != "installed"]
+    return [
+        Finding(
+            f"kernel {kernel}",
+            f"{spec['module']} module (DKMS)",
+            "installed",
+            states.get(kernel, "not built"),
+            "this kernel would boot without the GPU driver",
+        )
+        for kernel in kernels
+        if states.get(kernel) != "installed"
+    ]
 
 
 # ---- CUDA toolkits and the loader ------------------------------------------------------------------
+
 
 def toolkit_nvcc_release(prefix: str, ctx: Context) -> str | None:
     nvcc = os.path.join(prefix, "bin", "nvcc")
@@ -210,18 +259,30 @@ def check_ld_cache(spec: dict, ctx: Context) -> list[Finding]:
     rc, out, err = ctx.run(["ldconfig", "-p"])
     if rc != 0:
         raise CheckError(f"ldconfig -p failed (exit {rc}): {(err or out).strip()[-200:]}")
-    cached = sorted({line.rsplit("=> ", 1)[-1].strip() for line in out.splitlines() if "=> " in line
-                     and line.rsplit("=> ", 1)[-1].strip().startswith(directory + "/")})
+    cached = sorted(
+        {
+            line.rsplit("=> ", 1)[-1].strip()
+            for line in out.splitlines()
+            if "=> " in line and line.rsplit("=> ", 1)[-1].strip().startswith(directory + "/")
+        }
+    )
     if libraries and not cached:
         return [Finding(label, "libraries", "in the cache (ldconfig)", "none of them in the cache")]
     stale = [path for path in cached if not os.path.exists(path)]
     if stale:
-        return [Finding(label, "libraries", "in the cache (ldconfig)",
-                        f"stale entries: {', '.join(os.path.basename(path) for path in stale[:5])}")]
+        return [
+            Finding(
+                label,
+                "libraries",
+                "in the cache (ldconfig)",
+                f"stale entries: {', '.join(os.path.basename(path) for path in stale[:5])}",
+            )
+        ]
     return []
 
 
 # ---- CPython builds ------------------------------------------------------------------------------------
+
 
 def python_probe(python: str, ctx: Context) -> dict | None:
     if not os.path.exists(python):
@@ -244,9 +305,12 @@ def check_pythons(spec: dict, ctx: Context) -> list[Finding]:
     for item in spec["versions"]:
         version = str(item["version"])
         prefix = os.path.join(spec["pyenv_root"], "versions", version)
-        wanted = configure_options(bool(spec.get("enable_shared", True)), bool(spec.get("optimizations", False)),
-                                   bool(spec.get("lto", False)),
-                                   list(spec.get("configure_opts") or []) + list(item.get("configure_opts") or []))
+        wanted = configure_options(
+            bool(spec.get("enable_shared", True)),
+            bool(spec.get("optimizations", False)),
+            bool(spec.get("lto", False)),
+            list(spec.get("configure_opts") or []) + list(item.get("configure_opts") or []),
+        )
         try:
             python = interpreter_path(prefix, version)
         except PythonBuildError as error:
@@ -254,18 +318,23 @@ def check_pythons(spec: dict, ctx: Context) -> list[Finding]:
         probe = python_probe(python, ctx)
         for reason in mismatches(probe, version, wanted):
             actual = probe.get("error") if probe and probe.get("error") else reason
-            found.append(Finding(f"CPython {python}", "build", f"{version} ({' '.join(wanted) or 'default options'})",
-                                 actual))
+            found.append(
+                Finding(f"CPython {python}", "build", f"{version} ({' '.join(wanted) or 'default options'})", actual)
+            )
     return found
 
 
 # ---- the venv and the kernels in it --------------------------------------------------------------------
 
+
 def site_packages(venv: str) -> list[str]:
     lib = os.path.join(venv, "lib")
     try:
-        return sorted(os.path.join(lib, name, "site-packages") for name in os.listdir(lib)
-                      if name.startswith("python") and os.path.isdir(os.path.join(lib, name, "site-packages")))
+        return sorted(
+            os.path.join(lib, name, "site-packages")
+            for name in os.listdir(lib)
+            if name.startswith("python") and os.path.isdir(os.path.join(lib, name, "site-packages"))
+        )
     except OSError:
         return []
 
@@ -328,11 +397,16 @@ def check_venv(spec: dict, ctx: Context) -> list[Finding]:
         raise CheckError(f"the lock cannot be used: {error}") from None
     found = [Finding(label, f"package {item['name']}", item["version"], "absent") for item in diff.added]
     found += [Finding(label, f"package {item['name']}", item["to"], item["from"]) for item in diff.changed]
-    found += [Finding(label, f"package {item['name']}", "absent (declared for removal)", item["version"])
-              for item in diff.removed]
+    found += [
+        Finding(label, f"package {item['name']}", "absent (declared for removal)", item["version"])
+        for item in diff.removed
+    ]
     allowed = {canonical_name(name) for name in spec.get("allow_extra") or []} | BOOTSTRAP_PACKAGES
-    found += [Finding(label, f"package {item['name']}", "absent (not in the lock)", item["version"])
-              for item in diff.extra if canonical_name(item["name"]) not in allowed]
+    found += [
+        Finding(label, f"package {item['name']}", "absent (not in the lock)", item["version"])
+        for item in diff.extra
+        if canonical_name(item["name"]) not in allowed
+    ]
     found += venv_record_findings(venv, label, spec)
     found += installed_file_findings(venv, label)
     return found
@@ -359,7 +433,7 @@ def record_entries(venv: str) -> dict[str, list[tuple[str, int, float]]]:
                 # with other flags): it is not compared, its source is.
                 if len(row) >= 3 and row[1].startswith("sha256=") and row[2].isdigit() and not row[0].endswith(".pyc"):
                     path = os.path.normpath(os.path.join(directory, row[0]))
-                    entries.setdefault(path, []).append((row[1][len("sha256="):], int(row[2]), written))
+                    entries.setdefault(path, []).append((row[1][len("sha256=") :], int(row[2]), written))
     return entries
 
 
@@ -389,12 +463,18 @@ def installed_file_findings(venv: str, label: str) -> list[Finding]:
             continue
         actual = record_digest(path)
         if not any(actual == digest and info.st_size == size for digest, size, dummy in listed):
-            found.append(Finding(label, f"file {relative}", "sha256=" + listed[0][0], "sha256=" + actual,
-                                 "changed after it was installed (same package versions)"))
+            found.append(
+                Finding(
+                    label,
+                    f"file {relative}",
+                    "sha256=" + listed[0][0],
+                    "sha256=" + actual,
+                    "changed after it was installed (same package versions)",
+                )
+            )
     if len(found) > FILE_FINDINGS:
         more = len(found) - FILE_FINDINGS
-        found = found[:FILE_FINDINGS] + [Finding(label, "files", "as installed (RECORD)",
-                                                 f"{more} more files differ")]
+        found = found[:FILE_FINDINGS] + [Finding(label, "files", "as installed (RECORD)", f"{more} more files differ")]
     return found
 
 
@@ -487,8 +567,15 @@ def check_kernels(spec: dict, ctx: Context) -> list[Finding]:
             found.append(Finding(label, "build key", "a key for this venv", str(error)))
             continue
         if marker.get("key") != wanted_key:
-            found.append(Finding(label, "build key", wanted_key, marker.get("key") or "no marker",
-                                 "the installed wheel was built for another torch, CUDA, arch list or source: rebuild"))
+            found.append(
+                Finding(
+                    label,
+                    "build key",
+                    wanted_key,
+                    marker.get("key") or "no marker",
+                    "the installed wheel was built for another torch, CUDA, arch list or source: rebuild",
+                )
+            )
     return found
 
 
@@ -502,6 +589,7 @@ def _read_json(path: str) -> dict:
 
 
 # ---- models --------------------------------------------------------------------------------------------
+
 
 def merge(base: Any, overrides: Any) -> Any:
     """Recursive merge as Ansible's combine(recursive=True): mappings merge, anything else is replaced."""
@@ -533,11 +621,19 @@ def check_models(spec: dict, ctx: Context) -> list[Finding]:
         label = f"model {model['name']}"
         target = os.readlink(link) if os.path.islink(link) else None
         if target != version_dir:
-            found.append(Finding(label, "link", version_dir, target or ("not a link" if os.path.lexists(link) else "absent")))
+            found.append(
+                Finding(label, "link", version_dir, target or ("not a link" if os.path.lexists(link) else "absent"))
+            )
         marker = _read_json(os.path.join(version_dir, MODEL_MARKER))
         if marker.get("sha256") != sha:
-            found.append(Finding(label, "staged version", short_hash(sha), short_hash(marker["sha256"])
-                                 if marker.get("sha256") else "not staged"))
+            found.append(
+                Finding(
+                    label,
+                    "staged version",
+                    short_hash(sha),
+                    short_hash(marker["sha256"]) if marker.get("sha256") else "not staged",
+                )
+            )
             continue
         archive = model.get("shared_path") or os.path.join(spec.get("archive_cache") or "", sha, archive_name(model))
         found += model_file_findings(label, version_dir, archive, int(model.get("strip_components") or 0), ctx)
@@ -575,8 +671,9 @@ def model_file_findings(label: str, version_dir: str, archive: str, strip: int, 
     return found
 
 
-def compare_member(label: str, tar: tarfile.TarFile, member: tarfile.TarInfo, version_dir: str,
-                   relative: str) -> list[Finding]:
+def compare_member(
+    label: str, tar: tarfile.TarFile, member: tarfile.TarInfo, version_dir: str, relative: str
+) -> list[Finding]:
     """One tar member against the staged file, by sha256 (the member is streamed, never unpacked)."""
     stream = tar.extractfile(member)
     if stream is None:
@@ -606,8 +703,10 @@ def staged_files(version_dir: str) -> set[str]:
 def model_json_findings(label: str, version_dir: str, model: dict) -> list[Finding]:
     """config.json / generation_config.json: the shipped original merged with the declared overrides."""
     found = []
-    declared = {"config.json": model.get("config_overrides") or {},
-                "generation_config.json": model.get("generation_config_overrides") or {}}
+    declared = {
+        "config.json": model.get("config_overrides") or {},
+        "generation_config.json": model.get("generation_config_overrides") or {},
+    }
     for name, overrides in declared.items():
         original = _load_json_or_none(os.path.join(version_dir, MODEL_ORIGINALS, name))
         if original is None and not overrides:
@@ -637,7 +736,9 @@ ABSENT = "<absent>"
 def _differing_keys(expected: Any, actual: Any) -> tuple[str, str]:
     """Both sides as JSON, narrowed to the top-level keys that differ when both are objects."""
     if isinstance(expected, dict) and isinstance(actual, dict):
-        keys = sorted(key for key in set(expected) | set(actual) if expected.get(key, ABSENT) != actual.get(key, ABSENT))
+        keys = sorted(
+            key for key in set(expected) | set(actual) if expected.get(key, ABSENT) != actual.get(key, ABSENT)
+        )
         expected = {key: expected.get(key, ABSENT) for key in keys}
         actual = {key: actual.get(key, ABSENT) for key in keys}
     return _shown(expected), _shown(actual)

@@ -26,12 +26,18 @@ def problem(nvswitch: bool, driver: str, installed: str | None, service: str | N
     if not nvswitch:
         return None
     if installed is None:
-        return ("NVSwitch system without nvidia-fabricmanager: install fabric manager %s, the driver's version "
-                "(CUDA fails with error 802, system not yet initialized, until it runs)" % driver)
+        return (
+            "NVSwitch system without nvidia-fabricmanager: install fabric manager %s, the driver's version "
+            "(CUDA fails with error 802, system not yet initialized, until it runs)" % driver
+        )
     if installed != driver:
-        return ("nvidia-fabricmanager %s does not match the NVIDIA driver %s: install fabric manager %s with the "
-                "driver (CUDA fails with error 802 while they differ)" % (installed, driver, driver))
+        return (
+            "nvidia-fabricmanager %s does not match the NVIDIA driver %s: install fabric manager %s with the "
+            "driver (CUDA fails with error 802 while they differ)" % (installed, driver, driver)
+        )
     if service is not None and service != "active":
-        return ("%s is %s, not active: CUDA fails with error 802 until it runs (journalctl -u %s says why; "
-                "systemctl start %s)" % (UNIT, service or "unknown", UNIT, UNIT))
+        return (
+            "%s is %s, not active: CUDA fails with error 802 until it runs (journalctl -u %s says why; "
+            "systemctl start %s)" % (UNIT, service or "unknown", UNIT, UNIT)
+        )
     return None

@@ -61,8 +61,14 @@ def parse_xids(lines: Iterable[str]) -> list[dict[str, Any]]:
     for line in lines:
         match = XID_PATTERN.search(line)
         if match:
-            found.append({"pci": match.group("pci").lower(), "xid": int(match.group("xid")),
-                          "detail": match.group("detail").strip(), "line": line.strip()})
+            found.append(
+                {
+                    "pci": match.group("pci").lower(),
+                    "xid": int(match.group("xid")),
+                    "detail": match.group("detail").strip(),
+                    "line": line.strip(),
+                }
+            )
     return found
 
 
@@ -78,9 +84,14 @@ def xid_problems(xids: list[dict[str, Any]], ignore: Iterable[int]) -> list[dict
             seen[key]["count"] += 1
             continue
         meaning = XID_MEANING.get(event["xid"], "see NVIDIA's XID catalog")
-        seen[key] = {"check": "xid", "gpu_pci": event["pci"], "xid": event["xid"], "count": 1,
-                     "evidence": event["line"],
-                     "message": "XID %d on the GPU at PCI %s since boot (%s)" % (event["xid"], event["pci"], meaning)}
+        seen[key] = {
+            "check": "xid",
+            "gpu_pci": event["pci"],
+            "xid": event["xid"],
+            "count": 1,
+            "evidence": event["line"],
+            "message": "XID %d on the GPU at PCI %s since boot (%s)" % (event["xid"], event["pci"], meaning),
+        }
     for problem in seen.values():
         if problem["count"] > 1:
             problem["message"] += ", %d times" % problem["count"]
@@ -93,9 +104,15 @@ def nvml_problems(report: dict[str, Any], ecc_errors_max: int) -> list[dict[str,
     for gpu in report["gpus"]:
         where = "GPU %d (%s)" % (gpu["index"], gpu.get("uuid") or "uuid unknown")
         if gpu["lost"]:
-            problems.append({"check": "lost", "gpu": gpu["index"], "evidence": gpu["errors"].get("gpu", "lost"),
-                             "message": "%s is lost (fell off the bus): reboot the node; reseat or replace the GPU "
-                                        "if it stays lost" % where})
+            problems.append(
+                {
+                    "check": "lost",
+                    "gpu": gpu["index"],
+                    "evidence": gpu["errors"].get("gpu", "lost"),
+                    "message": "%s is lost (fell off the bus): reboot the node; reseat or replace the GPU "
+                    "if it stays lost" % where,
+                }
+            )
             continue
         problems.extend(_gpu_problems(gpu, where, ecc_errors_max))
     return problems
@@ -105,20 +122,38 @@ def _gpu_problems(gpu: dict[str, Any], where: str, ecc_errors_max: int) -> list[
     found = []
     errors = gpu.get("ecc_errors_uncorrected_volatile")
     if errors is not None and errors > ecc_errors_max:
-        found.append(("ecc", "ecc_errors_uncorrected_volatile=%d" % errors,
-                      "%d uncorrectable volatile ECC errors (at most %d allowed): drain the node and reset the GPU"
-                      % (errors, ecc_errors_max)))
+        found.append(
+            (
+                "ecc",
+                "ecc_errors_uncorrected_volatile=%d" % errors,
+                "%d uncorrectable volatile ECC errors (at most %d allowed): drain the node and reset the GPU"
+                % (errors, ecc_errors_max),
+            )
+        )
     if gpu.get("row_remap_failure"):
-        found.append(("row_remap", "row_remap_failure=true",
-                      "row remapping failed: the GPU's memory cannot be repaired, the GPU needs service"))
+        found.append(
+            (
+                "row_remap",
+                "row_remap_failure=true",
+                "row remapping failed: the GPU's memory cannot be repaired, the GPU needs service",
+            )
+        )
     elif gpu.get("row_remap_pending"):
-        found.append(("row_remap", "row_remap_pending=true",
-                      "a row remapping is pending: reset the GPU (or reboot) to apply it"))
+        found.append(
+            ("row_remap", "row_remap_pending=true", "a row remapping is pending: reset the GPU (or reboot) to apply it")
+        )
     if gpu.get("retired_pages_pending"):
-        found.append(("retired_pages", "retired_pages_pending=true",
-                      "retired pages are pending: reboot (or reset the GPU) to retire them"))
-    return [{"check": check, "gpu": gpu["index"], "evidence": evidence, "message": "%s: %s" % (where, message)}
-            for check, evidence, message in found]
+        found.append(
+            (
+                "retired_pages",
+                "retired_pages_pending=true",
+                "retired pages are pending: reboot (or reset the GPU) to retire them",
+            )
+        )
+    return [
+        {"check": check, "gpu": gpu["index"], "evidence": evidence, "message": "%s: %s" % (where, message)}
+        for check, evidence, message in found
+    ]
 
 
 def dcgm_problems(rc: int, output: str, level: int) -> list[dict[str, Any]]:
@@ -127,5 +162,11 @@ def dcgm_problems(rc: int, output: str, level: int) -> list[dict[str, Any]]:
         return []
     failing = [line.strip(" |") for line in output.splitlines() if re.search(r"\bFail|\bError", line)]
     evidence = "; ".join(failing[:5]) or (output.strip().splitlines() or ["exit status %d" % rc])[-1]
-    return [{"check": "dcgm", "gpu": None, "evidence": evidence,
-             "message": "DCGM diagnostic level %d failed (exit status %d): %s" % (level, rc, evidence)}]
+    return [
+        {
+            "check": "dcgm",
+            "gpu": None,
+            "evidence": evidence,
+            "message": "DCGM diagnostic level %d failed (exit status %d): %s" % (level, rc, evidence),
+        }
+    ]

@@ -68,7 +68,9 @@ def normalize_arch_list(text: str) -> str:
     items = [item for item in re.split(r"[;\s,]+", text or "") if item]
     bad = [item for item in items if not _ARCH_RE.match(item)]
     if bad:
-        raise KernelKeyError(f"arch list entries {', '.join(bad)} are not compute capabilities like 8.0, 9.0a or 9.0+PTX")
+        raise KernelKeyError(
+            f"arch list entries {', '.join(bad)} are not compute capabilities like 8.0, 9.0a or 9.0+PTX"
+        )
 
     def order(item: str) -> tuple[int, int, str]:
         major, minor = re.match(r"(\d+)\.(\d+)", item).groups()  # type: ignore[union-attr]
@@ -144,7 +146,9 @@ def check_cuda_build(package: dict, probe: dict, nvcc: str | None, cuda_home: st
     torch_release = ".".join(str(probe["torch_cuda"]).split(".")[:2])
     nvcc_release = ".".join(nvcc.split(".")[:2])
     if torch_release != nvcc_release:
-        return [f"{name}: nvcc {nvcc} and torch's CUDA {probe['torch_cuda']} differ in major.minor; "
-                "the extension may fail to load (undefined symbols); install toolkit "
-                f"{torch_release} or lock the matching torch variant"]
+        return [
+            f"{name}: nvcc {nvcc} and torch's CUDA {probe['torch_cuda']} differ in major.minor; "
+            "the extension may fail to load (undefined symbols); install toolkit "
+            f"{torch_release} or lock the matching torch variant"
+        ]
     return []

@@ -110,6 +110,7 @@ class _MemoryV2(ctypes.Structure):
 
 class _ProcessInfo(ctypes.Structure):
     """nvmlProcessInfo_t (the layout nvmlDeviceGetComputeRunningProcesses_v3 fills); memory in bytes."""
+
     _fields_ = [
         ("pid", ctypes.c_uint),
         ("usedGpuMemory", ctypes.c_ulonglong),
@@ -120,6 +121,7 @@ class _ProcessInfo(ctypes.Structure):
 
 class _GpuFabricInfo(ctypes.Structure):
     """nvmlGpuFabricInfo_t: the GPU's NVLink fabric as an NVSwitch system's fabric manager set it up."""
+
     _fields_ = [
         ("clusterUuid", ctypes.c_ubyte * 16),
         ("status", ctypes.c_int),
@@ -228,7 +230,7 @@ def _init_error(code: int, library: str) -> NvmlError:
     if code == NVML_ERROR_DRIVER_NOT_LOADED:
         return NvmlDriverNotLoaded(
             "NVML (%s) cannot communicate with the NVIDIA driver (NVML_ERROR_DRIVER_NOT_LOADED; nvidia-smi says "
-            "\"couldn't communicate with the NVIDIA driver\"): the nvidia kernel module is not loaded, usually "
+            '"couldn\'t communicate with the NVIDIA driver"): the nvidia kernel module is not loaded, usually '
             "because the kernel changed without DKMS or nouveau holds the GPU. Fix: rebuild the module for the "
             "running kernel (DKMS), blacklist nouveau, and reboot." % library,
             code,
@@ -324,10 +326,15 @@ class Nvml:
                     raise
                 capacity = count.value + 16
                 continue
-            return [{"pid": info.pid,
-                     "used_memory_bytes": None if info.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE_ULL
-                     else info.usedGpuMemory}
-                    for info in infos[:count.value]]
+            return [
+                {
+                    "pid": info.pid,
+                    "used_memory_bytes": None
+                    if info.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE_ULL
+                    else info.usedGpuMemory,
+                }
+                for info in infos[: count.value]
+            ]
 
     def fabric(self, index: int) -> dict[str, Any]:
         """GPU `index`'s fabric: state (FABRIC_STATES) and the status NVML gives for it; not_supported when this
@@ -407,8 +414,17 @@ class _DeviceReader:
             (("uuid",), self._uuid),
             (("pci_bus_id",), self._pci),
             (("compute_capability",), self._compute_capability),
-            (("memory_total_bytes", "memory_total_mib", "memory_used_bytes", "memory_used_mib",
-              "memory_reserved_bytes", "memory_reserved_mib"), self._memory),
+            (
+                (
+                    "memory_total_bytes",
+                    "memory_total_mib",
+                    "memory_used_bytes",
+                    "memory_used_mib",
+                    "memory_reserved_bytes",
+                    "memory_reserved_mib",
+                ),
+                self._memory,
+            ),
             (("persistence_mode",), self._persistence),
             (("ecc_mode", "ecc_mode_pending"), self._ecc_mode),
             (("ecc_errors_uncorrected_volatile",), lambda: self._ecc_errors(NVML_VOLATILE_ECC)),
@@ -419,8 +435,10 @@ class _DeviceReader:
             (("temperature_c",), self._temperature),
             (("retired_pages_single_bit_ecc", "retired_pages_double_bit_ecc"), self._retired_pages),
             (("retired_pages_pending",), self._retired_pages_pending),
-            (("remapped_rows_corrected", "remapped_rows_uncorrected", "row_remap_pending", "row_remap_failure"),
-             self._remapped_rows),
+            (
+                ("remapped_rows_corrected", "remapped_rows_uncorrected", "row_remap_pending", "row_remap_failure"),
+                self._remapped_rows,
+            ),
         ]
 
     def _read_group(self, fields: tuple[str, ...], query: Callable[[], dict[str, Any]]) -> None:
@@ -459,8 +477,10 @@ class _DeviceReader:
         try:
             memory: _MemoryV2 | _Memory = _MemoryV2(version=_MEMORY_V2_VERSION)
             self.nvml.call("nvmlDeviceGetMemoryInfo_v2", self.handle, ctypes.byref(memory))
-            reserved: dict[str, Any] = {"memory_reserved_bytes": memory.reserved,
-                                        "memory_reserved_mib": memory.reserved // MIB}
+            reserved: dict[str, Any] = {
+                "memory_reserved_bytes": memory.reserved,
+                "memory_reserved_mib": memory.reserved // MIB,
+            }
         except _NotSupported:
             # An NVML without version 2: "used" then includes the reserved memory, which is not given apart.
             memory = _Memory()
@@ -486,7 +506,10 @@ class _DeviceReader:
     def _ecc_errors(self, counter: int) -> dict[str, Any]:
         count = ctypes.c_ulonglong()
         self.nvml.call(
-            "nvmlDeviceGetTotalEccErrors", self.handle, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter,
+            "nvmlDeviceGetTotalEccErrors",
+            self.handle,
+            NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            counter,
             ctypes.byref(count),
         )
         key = "ecc_errors_uncorrected_volatile" if counter == NVML_VOLATILE_ECC else "ecc_errors_uncorrected_aggregate"
@@ -530,8 +553,12 @@ class _DeviceReader:
     def _remapped_rows(self) -> dict[str, Any]:
         corrected, uncorrected, pending, failure = (ctypes.c_uint() for dummy in range(4))
         self.nvml.call(
-            "nvmlDeviceGetRemappedRows", self.handle, ctypes.byref(corrected), ctypes.byref(uncorrected),
-            ctypes.byref(pending), ctypes.byref(failure),
+            "nvmlDeviceGetRemappedRows",
+            self.handle,
+            ctypes.byref(corrected),
+            ctypes.byref(uncorrected),
+            ctypes.byref(pending),
+            ctypes.byref(failure),
         )
         return {
             "remapped_rows_corrected": corrected.value,
@@ -558,8 +585,11 @@ def read_fabric(library_path: str | None = None) -> dict[str, Any]:
     """The driver's version and each GPU's fabric; nvswitch is whether any GPU sits on an NVSwitch fabric."""
     with Nvml(library_path) as nvml:
         gpus = [nvml.fabric(index) for index in range(nvml.device_count())]
-        return {"driver_version": nvml.driver_version(), "gpus": gpus,
-                "nvswitch": any(gpu["state"] != "not_supported" for gpu in gpus)}
+        return {
+            "driver_version": nvml.driver_version(),
+            "gpus": gpus,
+            "nvswitch": any(gpu["state"] != "not_supported" for gpu in gpus),
+        }
 
 
 def loaded_driver_state(kernel_version: str | None, library_path: str | None = None) -> tuple[str, str | None]:
@@ -604,7 +634,7 @@ _COUNT_KEYS = ("gpu_count", "min_memory_mib", "ecc_errors", "ecc_errors_aggregat
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
-    """"580.159.04" -> (580, 159, 4); ValueError when a part is not a number."""
+    """ "580.159.04" -> (580, 159, 4); ValueError when a part is not a number."""
     return tuple(int(part) for part in str(version).strip().split("."))
 
 
@@ -646,21 +676,39 @@ def _check_system(report: dict[str, Any], expect: dict[str, Any]) -> list[dict[s
     driver = report["driver_version"]
     wanted = expect.get("driver_version")
     if wanted is not None and str(wanted) != driver:
-        found.append(_mismatch(None, "driver_version", str(wanted), driver,
-                               "driver %s, expected %s" % (driver, wanted)))
+        found.append(
+            _mismatch(None, "driver_version", str(wanted), driver, "driver %s, expected %s" % (driver, wanted))
+        )
     wanted = expect.get("driver_min")
     if wanted is not None and version_tuple(driver) < version_tuple(wanted):
-        found.append(_mismatch(None, "driver_min", str(wanted), driver,
-                               "driver %s is older than the required %s" % (driver, wanted)))
+        found.append(
+            _mismatch(
+                None, "driver_min", str(wanted), driver, "driver %s is older than the required %s" % (driver, wanted)
+            )
+        )
     cuda = report["cuda_driver_version"]
     wanted = expect.get("cuda_driver_min")
     if wanted is not None and version_tuple(cuda) < version_tuple(wanted):
-        found.append(_mismatch(None, "cuda_driver_min", str(wanted), cuda,
-                               "the driver runs CUDA up to %s, expected at least %s" % (cuda, wanted)))
+        found.append(
+            _mismatch(
+                None,
+                "cuda_driver_min",
+                str(wanted),
+                cuda,
+                "the driver runs CUDA up to %s, expected at least %s" % (cuda, wanted),
+            )
+        )
     wanted = expect.get("gpu_count")
     if wanted is not None and int(wanted) != report["gpu_count"]:
-        found.append(_mismatch(None, "gpu_count", int(wanted), report["gpu_count"],
-                               "%d GPUs found, expected %d" % (report["gpu_count"], int(wanted))))
+        found.append(
+            _mismatch(
+                None,
+                "gpu_count",
+                int(wanted),
+                report["gpu_count"],
+                "%d GPUs found, expected %d" % (report["gpu_count"], int(wanted)),
+            )
+        )
     return found
 
 
@@ -711,7 +759,7 @@ def _unavailable(gpu: dict[str, Any], field: str) -> str | None:
 
 
 def _model_matches(name: str, wanted: str) -> bool:
-    """"H200" and "NVIDIA H200" both match the name "NVIDIA H200"."""
+    """ "H200" and "NVIDIA H200" both match the name "NVIDIA H200"."""
     return wanted.strip().lower() in name.lower()
 
 
@@ -778,9 +826,15 @@ def check_expectations(report: dict[str, Any], expect: dict[str, Any]) -> list[d
     found = _check_system(report, wanted)
     for gpu in report["gpus"]:
         if gpu["lost"]:
-            found.append(_mismatch(gpu, "lost", "present", "lost",
-                                   "GPU is lost (fell off the bus); reboot the node, then reseat or replace the GPU "
-                                   "if it stays lost"))
+            found.append(
+                _mismatch(
+                    gpu,
+                    "lost",
+                    "present",
+                    "lost",
+                    "GPU is lost (fell off the bus); reboot the node, then reseat or replace the GPU if it stays lost",
+                )
+            )
             continue
         found.extend(_check_gpu(gpu, wanted))
     return found

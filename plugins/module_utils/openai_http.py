@@ -107,8 +107,9 @@ def _excerpt(body: Any) -> str:
 def call(server: Server, method: str, path: str, payload: Optional[Dict[str, Any]] = None) -> Reply:
     """One request; never raises for HTTP or network errors, they are reported in the Reply."""
     data = json.dumps(payload).encode() if payload is not None else None
-    request = urllib.request.Request(server.url(path), data=data, method=method,
-                                     headers=_headers(server, data is not None))
+    request = urllib.request.Request(
+        server.url(path), data=data, method=method, headers=_headers(server, data is not None)
+    )
     started = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=server.timeout, context=ssl_context(server)) as response:
@@ -134,7 +135,7 @@ def _read_stream(response: Any, started: float) -> Reply:
         line = raw_line.decode("utf-8", errors="replace").strip()
         if not line.startswith("data:"):
             continue
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if first_byte is None:
             first_byte = time.monotonic() - started
         if data == "[DONE]":
@@ -149,10 +150,15 @@ def never_gives_up() -> str:
     return ""
 
 
-def wait_for_health(server: Server, path: str, timeout: float, interval: float,
-                    clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep,
-                    given_up: Callable[[], str] = never_gives_up) -> Dict[str, Any]:
+def wait_for_health(
+    server: Server,
+    path: str,
+    timeout: float,
+    interval: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    given_up: Callable[[], str] = never_gives_up,
+) -> Dict[str, Any]:
     """Polls `path` until it answers 2xx or `timeout` seconds pass (0: one attempt); stops early when `given_up`
     names a reason the server will not answer (its service manager stopped restarting it)."""
     started = clock()
@@ -165,8 +171,14 @@ def wait_for_health(server: Server, path: str, timeout: float, interval: float,
             return {"ok": True, "status": reply.status, "waited_s": waited, "attempts": attempts, "error": ""}
         reason = given_up()
         if reason or clock() - started + interval > timeout:
-            return {"ok": False, "status": reply.status, "waited_s": waited, "attempts": attempts,
-                    "error": reply.error or f"HTTP {reply.status}", "given_up": reason}
+            return {
+                "ok": False,
+                "status": reply.status,
+                "waited_s": waited,
+                "attempts": attempts,
+                "error": reply.error or f"HTTP {reply.status}",
+                "given_up": reason,
+            }
         sleep(interval)
 
 
@@ -210,8 +222,14 @@ def latency_summary(values: List[float]) -> Dict[str, float]:
     ordered = sorted(values)
     if not ordered:
         return {}
-    summary = {"min": ordered[0], "p50": percentile(ordered, 0.5), "p90": percentile(ordered, 0.9),
-               "p99": percentile(ordered, 0.99), "max": ordered[-1], "mean": sum(ordered) / len(ordered)}
+    summary = {
+        "min": ordered[0],
+        "p50": percentile(ordered, 0.5),
+        "p90": percentile(ordered, 0.9),
+        "p99": percentile(ordered, 0.99),
+        "max": ordered[-1],
+        "mean": sum(ordered) / len(ordered),
+    }
     return {key: round(value, 4) for key, value in summary.items()}
 
 
@@ -225,14 +243,17 @@ def run_class(server: Server, spec: RequestClass, model: str) -> Dict[str, Any]:
     path = ENDPOINTS[spec.endpoint]
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, spec.concurrency)) as pool:
-        replies = list(pool.map(lambda i: call(server, "POST", path, build_payload(spec, model, i)),
-                                range(spec.count)))
+        replies = list(pool.map(lambda i: call(server, "POST", path, build_payload(spec, model, i)), range(spec.count)))
     wall = time.monotonic() - started
     good = [reply for reply in replies if reply.ok]
     completion_tokens = sum(_usage(reply, "completion_tokens") for reply in good)
     result: Dict[str, Any] = {
-        "name": spec.name, "endpoint": spec.endpoint, "count": spec.count, "concurrency": spec.concurrency,
-        "succeeded": len(good), "failed": len(replies) - len(good),
+        "name": spec.name,
+        "endpoint": spec.endpoint,
+        "count": spec.count,
+        "concurrency": spec.concurrency,
+        "succeeded": len(good),
+        "failed": len(replies) - len(good),
         "errors": sorted({reply.error for reply in replies if not reply.ok})[:5],
         "latency_s": latency_summary([reply.elapsed for reply in good]),
         "wall_s": round(wall, 4),

@@ -201,8 +201,9 @@ def diff_against_lock(lock: Lock, installed: dict[str, tuple[str, str]], remove:
     removals = {canonical_name(name) for name in remove}
     conflicting = sorted(removals & set(pinned))
     if conflicting:
-        raise LockError(f"{', '.join(conflicting)} is both pinned in the lock and declared for removal; "
-                        "drop it from one of them")
+        raise LockError(
+            f"{', '.join(conflicting)} is both pinned in the lock and declared for removal; drop it from one of them"
+        )
     for key, entry in sorted(pinned.items()):
         if key not in installed:
             result.added.append({"name": entry.name, "version": entry.version})
@@ -223,8 +224,11 @@ def diff_against_lock(lock: Lock, installed: dict[str, tuple[str, str]], remove:
 def environment_lines(packages: dict[str, tuple[str, str]], lock: Lock) -> str:
     """'name==version' lines of an environment, sorted, without the venv's own unpinned bootstrap packages."""
     pinned = lock.by_name()
-    lines = [f"{name}=={version}" for key, (name, version) in sorted(packages.items())
-             if key in pinned or key not in BOOTSTRAP_PACKAGES]
+    lines = [
+        f"{name}=={version}"
+        for key, (name, version) in sorted(packages.items())
+        if key in pinned or key not in BOOTSTRAP_PACKAGES
+    ]
     return "\n".join(lines) + ("\n" if lines else "")
 
 

@@ -81,15 +81,17 @@ def build_environment(
 ) -> dict[str, str]:
     """The environment python-build runs with."""
     env = dict(base)
-    env.update({
-        "PYENV_ROOT": pyenv_root,
-        "PYTHON_BUILD_CACHE_PATH": cache_path,
-        "PYTHON_BUILD_SKIP_MIRROR": "1",
-        "PYTHON_CONFIGURE_OPTS": " ".join(shlex.quote(o) for o in options),
-        "MAKE_OPTS": f"-j{jobs}",
-        "TMPDIR": tmpdir,
-        "LC_ALL": "C",
-    })
+    env.update(
+        {
+            "PYENV_ROOT": pyenv_root,
+            "PYTHON_BUILD_CACHE_PATH": cache_path,
+            "PYTHON_BUILD_SKIP_MIRROR": "1",
+            "PYTHON_CONFIGURE_OPTS": " ".join(shlex.quote(o) for o in options),
+            "MAKE_OPTS": f"-j{jobs}",
+            "TMPDIR": tmpdir,
+            "LC_ALL": "C",
+        }
+    )
     if tgz:
         env["_PYTHON_BUILD_FORCE_SKIP_XZ"] = "1"
     return env
@@ -195,6 +197,7 @@ def stale_builds(builds_dir: str, version: str, keep: set[str]) -> list[str]:
     if not os.path.isdir(builds_dir):
         return []
     kept = {os.path.realpath(path) for path in keep if path}
-    found = (os.path.join(builds_dir, name) for name in sorted(os.listdir(builds_dir))
-             if name.startswith(f"{version}-"))
+    found = (
+        os.path.join(builds_dir, name) for name in sorted(os.listdir(builds_dir)) if name.startswith(f"{version}-")
+    )
     return [path for path in found if os.path.realpath(path) not in kept and not os.path.islink(path)]

@@ -14,7 +14,10 @@ import subprocess
 from typing import Any
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import (
-    CheckError, Context, Finding, require,
+    CheckError,
+    Context,
+    Finding,
+    require,
 )
 
 PROBE = r"""
@@ -48,15 +51,17 @@ def parse_nodes(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     nodes = []
     for entry in table:
         resources = entry.get("Resources") or {}
-        nodes.append({
-            "node_id": str(entry.get("NodeID", "")),
-            "address": str(entry.get("NodeManagerAddress", "")),
-            "hostname": str(entry.get("NodeManagerHostname", "")),
-            "alive": bool(entry.get("Alive")),
-            "cpus": float(resources.get("CPU", 0)),
-            "gpus": float(resources.get("GPU", 0)),
-            "memory": int(resources.get("memory", 0)),
-        })
+        nodes.append(
+            {
+                "node_id": str(entry.get("NodeID", "")),
+                "address": str(entry.get("NodeManagerAddress", "")),
+                "hostname": str(entry.get("NodeManagerHostname", "")),
+                "alive": bool(entry.get("Alive")),
+                "cpus": float(resources.get("CPU", 0)),
+                "gpus": float(resources.get("GPU", 0)),
+                "memory": int(resources.get("memory", 0)),
+            }
+        )
     return sorted(nodes, key=lambda node: (node["address"], not node["alive"], node["node_id"]))
 
 
@@ -76,8 +81,14 @@ def run_probe(venv: str, address: str) -> tuple[dict[str, Any] | None, str]:
         return None, f"{python} does not exist: the venv Ray runs from is not installed"
     environment = dict(os.environ, LC_ALL="C", RAY_USAGE_STATS_ENABLED="0")
     try:
-        process = subprocess.run([python, "-I", "-c", PROBE, address], capture_output=True, text=True,
-                                 timeout=PROBE_TIMEOUT, env=environment, check=False)
+        process = subprocess.run(
+            [python, "-I", "-c", PROBE, address],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            env=environment,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return None, f"the probe got no answer from the GCS at {address} within {PROBE_TIMEOUT} s"
     if process.returncode != 0:
@@ -98,9 +109,17 @@ def check_ray_cluster(spec: dict, ctx: Context) -> list[Finding]:
     label = f"ray cluster {spec['address']}"
     nodes = parse_nodes(result["nodes"])
     missing = set(missing_members(list(spec["members"].values()), nodes))
-    found = [Finding(label, f"member {name}", "alive", "dead" if any(n["address"] == address for n in nodes)
-                     else "not listed", f"address {address}")
-             for name, address in sorted(spec["members"].items()) if address in missing]
+    found = [
+        Finding(
+            label,
+            f"member {name}",
+            "alive",
+            "dead" if any(n["address"] == address for n in nodes) else "not listed",
+            f"address {address}",
+        )
+        for name, address in sorted(spec["members"].items())
+        if address in missing
+    ]
     for key, expected in sorted((spec.get("versions") or {}).items()):
         actual = result["versions"].get(key)
         if expected and actual != str(expected):

@@ -42,8 +42,10 @@ def driver_runfile_name(version: str, arch: str = "x86_64") -> str:
 
 def check_mirror_url(mirror_url) -> str:
     if not mirror_url or not isinstance(mirror_url, str):
-        raise ArtifactError("gpufleet_mirror_url is not set: declare the artifact mirror once in the inventory "
-                            "(group_vars/all), e.g. gpufleet_mirror_url: https://mirror.example.internal/gpufleet")
+        raise ArtifactError(
+            "gpufleet_mirror_url is not set: declare the artifact mirror once in the inventory "
+            "(group_vars/all), e.g. gpufleet_mirror_url: https://mirror.example.internal/gpufleet"
+        )
     if not _MIRROR_RE.fullmatch(mirror_url):
         raise ArtifactError("gpufleet_mirror_url %r is not an http(s):// or file:// URL" % (mirror_url,))
     return mirror_url.rstrip("/")
@@ -64,8 +66,10 @@ def pinned_sha256(name: str, pins: dict, known: str = "", known_source: str = ""
         return pin, "inventory (gpufleet_artifact_sha256)"
     if known and _SHA256_RE.match(known):
         return known, known_source
-    raise ArtifactError("no sha256 is known for %s: add it to gpufleet_artifact_sha256 in the inventory "
-                        "(file name -> sha256, as the vendor publishes it)" % name)
+    raise ArtifactError(
+        "no sha256 is known for %s: add it to gpufleet_artifact_sha256 in the inventory "
+        "(file name -> sha256, as the vendor publishes it)" % name
+    )
 
 
 class ArtifactResolver(object):
@@ -112,21 +116,32 @@ def toolkit_row(kb: dict, cuda: str) -> dict:
     if cuda.count(".") >= 2:
         exact = [row for row in rows if row["cuda_version"] == cuda]
     else:
-        exact = sorted((row for row in rows if _major_minor(row["cuda_version"]) == cuda),
-                       key=lambda row: _numeric_key(row["cuda_version"]))[-1:]
+        exact = sorted(
+            (row for row in rows if _major_minor(row["cuda_version"]) == cuda),
+            key=lambda row: _numeric_key(row["cuda_version"]),
+        )[-1:]
     if not exact:
-        known = sorted((row["cuda_version"] for row in rows if _major_minor(row["cuda_version"]) == _major_minor(cuda)),
-                       key=_numeric_key)
-        raise ArtifactError("the knowledge base has no runfile for CUDA %s%s: declare a release it lists, or add "
-                            "the sourced row to data/compat/cuda_driver.csv"
-                            % (cuda, " (it knows %s)" % ", ".join(known) if known else ""))
+        known = sorted(
+            (row["cuda_version"] for row in rows if _major_minor(row["cuda_version"]) == _major_minor(cuda)),
+            key=_numeric_key,
+        )
+        raise ArtifactError(
+            "the knowledge base has no runfile for CUDA %s%s: declare a release it lists, or add "
+            "the sourced row to data/compat/cuda_driver.csv"
+            % (cuda, " (it knows %s)" % ", ".join(known) if known else "")
+        )
     return exact[0]
 
 
 def toolkit(kb: dict, cuda: str, files: ArtifactResolver) -> dict:
     row = toolkit_row(kb, cuda)
-    runfile = files.get("toolkit", "runfile", row["runfile"], row.get("runfile_sha256", ""),
-                        "knowledge base (data/compat/cuda_driver.csv: %s)" % _runfile_source(row.get("source", "")))
+    runfile = files.get(
+        "toolkit",
+        "runfile",
+        row["runfile"],
+        row.get("runfile_sha256", ""),
+        "knowledge base (data/compat/cuda_driver.csv: %s)" % _runfile_source(row.get("source", "")),
+    )
     return {"version": row["cuda_version"], "runfile": runfile}
 
 
@@ -147,16 +162,23 @@ def python_release(kb: dict, python: str) -> dict:
         found = [row for row in rows if _major_minor(row["version"]) == python and row.get("default_for_minor")]
     if not found:
         known = [row["version"] for row in rows if _major_minor(row["version"]) == _major_minor(python)]
-        raise ArtifactError("no sourced CPython tarball checksum for Python %s%s: declare a release listed in "
-                            "data/compat/cpython.csv, or add its row (python.org URL and sha256)"
-                            % (python, " (known: %s)" % ", ".join(known[-5:]) if known else ""))
+        raise ArtifactError(
+            "no sourced CPython tarball checksum for Python %s%s: declare a release listed in "
+            "data/compat/cpython.csv, or add its row (python.org URL and sha256)"
+            % (python, " (known: %s)" % ", ".join(known[-5:]) if known else "")
+        )
     return found[0]
 
 
 def python(stack: dict, kb: dict, files: ArtifactResolver) -> dict:
     row = python_release(kb, stack["python"])
-    tarball = files.get("python", "python", row["tarball"], row["sha256"],
-                        "knowledge base (data/compat/cpython.csv: %s)" % row["source"])
+    tarball = files.get(
+        "python",
+        "python",
+        row["tarball"],
+        row["sha256"],
+        "knowledge base (data/compat/cpython.csv: %s)" % row["source"],
+    )
     return dict(tarball, version=row["version"])
 
 
@@ -173,7 +195,8 @@ def venv(stack: dict, options: dict) -> dict:
     requirements.append("torch==%s+%s" % (stack["torch"], stack["torch_variant"]))
     python_minor = _major_minor(stack["python"])
     declaration = {
-        "id": "%s-%s-py%s" % (package, stack["vllm"], python_minor.replace(".", "")) if stack.get("vllm")
+        "id": "%s-%s-py%s" % (package, stack["vllm"], python_minor.replace(".", ""))
+        if stack.get("vllm")
         else "torch-%s-%s-py%s" % (stack["torch"], stack["torch_variant"], python_minor.replace(".", "")),
         "python": python_minor,
         "platform": "manylinux_2_28_x86_64",
@@ -192,17 +215,33 @@ def kernels(stack: dict, files: ArtifactResolver) -> list:
     if not version:
         return []
     sdist = files.get("kernels", "sdist", "flash_attn-%s.tar.gz" % version)
-    return [dict(sdist, name="flash-attn", version=version, import_name="flash_attn",
-                 env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE"})]
+    return [
+        dict(
+            sdist,
+            name="flash-attn",
+            version=version,
+            import_name="flash_attn",
+            env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE"},
+        )
+    ]
 
 
-def resolve(stack: dict, kb: dict, mirror_url: str, pins: dict | None = None, extra_toolkits: list | None = None,
-            venv_options: dict | None = None, pyenv_version: str = "") -> dict:
+def resolve(
+    stack: dict,
+    kb: dict,
+    mirror_url: str,
+    pins: dict | None = None,
+    extra_toolkits: list | None = None,
+    venv_options: dict | None = None,
+    pyenv_version: str = "",
+) -> dict:
     """Everything a normalised, validated stack installs, and `artifacts`: every file in layer order with
     where its sha256 came from. Raises ArtifactError naming the missing fact."""
     files = ArtifactResolver(mirror_url, pins)
-    resolved = {"driver": driver(stack, files) if stack.get("driver") else None,
-                "toolkits": toolkits(stack, kb, files, extra_toolkits or [])}
+    resolved = {
+        "driver": driver(stack, files) if stack.get("driver") else None,
+        "toolkits": toolkits(stack, kb, files, extra_toolkits or []),
+    }
     resolved["toolkit"] = resolved["toolkits"][-1] if resolved["toolkits"] else None
     if pyenv_version:
         resolved["pyenv"] = pyenv(pyenv_version, files)
@@ -217,7 +256,7 @@ def _runfile_source(source: str) -> str:
     """The runfile's own citation out of a row's combined source column."""
     for part in source.split(" | "):
         if part.startswith("runfile:"):
-            return part[len("runfile:"):].strip()
+            return part[len("runfile:") :].strip()
     return source
 
 

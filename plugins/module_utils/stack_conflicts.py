@@ -13,15 +13,31 @@ import re
 
 _STACK_VARIABLE = "gpufleet_stack"
 # The role variables the stack owns, each compared by one check below.
-ROLE_VARIABLES = ("nvidia_driver_version", "cuda_toolkit_active", "cuda_toolkit_versions", "pyenv_python_versions",
-                  "pyenv_python_global", "inference_venv_stack", "inference_venv_python", "flash_attn_packages")
+ROLE_VARIABLES = (
+    "nvidia_driver_version",
+    "cuda_toolkit_active",
+    "cuda_toolkit_versions",
+    "pyenv_python_versions",
+    "pyenv_python_global",
+    "inference_venv_stack",
+    "inference_venv_python",
+    "flash_attn_packages",
+)
 
 
 def conflicts(variables: dict, resolved: dict) -> list:
     """[{variable, value, stack_value, what}] for each role variable set against the stack."""
     found = []
-    for check in (_driver, _toolkit_active, _toolkit_versions, _python_versions, _python_global, _venv_stack,
-                  _venv_python, _kernels):
+    for check in (
+        _driver,
+        _toolkit_active,
+        _toolkit_versions,
+        _python_versions,
+        _python_global,
+        _venv_stack,
+        _venv_python,
+        _kernels,
+    ):
         item = check(variables, resolved)
         if item:
             found.append(item)
@@ -97,8 +113,11 @@ def _kernels(variables: dict, resolved: dict):
     value = variables.get("flash_attn_packages")
     wanted = [item["version"] for item in resolved.get("kernels", [])]
     if isinstance(value, list) and wanted:
-        versions = [str(item.get("version")) for item in value
-                    if isinstance(item, dict) and str(item.get("name")) == "flash-attn"]
+        versions = [
+            str(item.get("version"))
+            for item in value
+            if isinstance(item, dict) and str(item.get("name")) == "flash-attn"
+        ]
         if versions and versions != wanted:
             return _item("flash_attn_packages", versions, wanted[0], "flash-attn release")
     return None
@@ -119,8 +138,9 @@ def origin(variable: str, host: str, groups: list, inventory_dir: str) -> str:
 def _var_files(base: str) -> list:
     files = [base + suffix for suffix in ("", ".yml", ".yaml", ".json") if os.path.isfile(base + suffix)]
     if os.path.isdir(base):
-        files += sorted(os.path.join(base, name) for name in os.listdir(base)
-                        if os.path.isfile(os.path.join(base, name)))
+        files += sorted(
+            os.path.join(base, name) for name in os.listdir(base) if os.path.isfile(os.path.join(base, name))
+        )
     return files
 
 
@@ -136,8 +156,18 @@ def _defines(path: str, variable: str) -> bool:
 
 def describe(item: dict, host: str, groups: list, inventory_dir: str) -> str:
     """One line: both values, where each was set, and the fix."""
-    return ("%s: %s = %s (set in %s) contradicts the stack's %s %s (%s in %s) — remove %s from the inventory "
-            "so the role derives it from the stack, or change the stack"
-            % (host, item["variable"], item["value"], origin(item["variable"], host, groups, inventory_dir),
-               item["what"], item["stack_value"], _STACK_VARIABLE,
-               origin(_STACK_VARIABLE, host, groups, inventory_dir), item["variable"]))
+    return (
+        "%s: %s = %s (set in %s) contradicts the stack's %s %s (%s in %s) — remove %s from the inventory "
+        "so the role derives it from the stack, or change the stack"
+        % (
+            host,
+            item["variable"],
+            item["value"],
+            origin(item["variable"], host, groups, inventory_dir),
+            item["what"],
+            item["stack_value"],
+            _STACK_VARIABLE,
+            origin(_STACK_VARIABLE, host, groups, inventory_dir),
+            item["variable"],
+        )
+    )

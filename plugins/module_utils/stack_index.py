@@ -11,7 +11,9 @@ import re
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_report import Report
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_versions import (
-    major_minor, parse_compute_capability, version_key,
+    major_minor,
+    parse_compute_capability,
+    version_key,
 )
 
 
@@ -42,16 +44,21 @@ class KbIndex(object):
         """Rows for an exact toolkit version (13.0.2) or every release of a major.minor (13.0)."""
         if version.count(".") >= 2:
             return [row for row in self.cuda if row["cuda_version"] == version]
-        return sorted((row for row in self.cuda if major_minor(row["cuda_version"]) == version),
-                      key=lambda row: version_key(row["cuda_version"]))
+        return sorted(
+            (row for row in self.cuda if major_minor(row["cuda_version"]) == version),
+            key=lambda row: version_key(row["cuda_version"]),
+        )
 
     def resolve_gpu(self, name: str):
         """A GPU entry -> {'label', 'cc', 'row' (gpus.csv or None), 'cc_row'} or None when unknown."""
         cc = parse_compute_capability(name)
         if cc is not None:
             cc_row = self.ccs.get(cc)
-            return None if cc_row is None else {"label": "compute capability %s" % cc, "cc": cc,
-                                                "row": None, "cc_row": cc_row}
+            return (
+                None
+                if cc_row is None
+                else {"label": "compute capability %s" % cc, "cc": cc, "row": None, "cc_row": cc_row}
+            )
         row = self._match_gpu_name(name)
         if row is None:
             return None
@@ -74,5 +81,5 @@ def _normal_gpu_name(name: str) -> str:
     value = re.sub(r"[\s_\-]+", " ", str(name).upper()).strip()
     for prefix in ("NVIDIA ", "TESLA ", "GEFORCE "):
         if value.startswith(prefix):
-            value = value[len(prefix):]
+            value = value[len(prefix) :]
     return value

@@ -16,8 +16,17 @@ from typing import Any
 TABLES = {
     "gpus": (
         "gpus.csv",
-        ("gpu", "match", "architecture", "compute_capability", "cc_status", "min_cuda",
-         "driver_floor", "product_min_driver", "source"),
+        (
+            "gpu",
+            "match",
+            "architecture",
+            "compute_capability",
+            "cc_status",
+            "min_cuda",
+            "driver_floor",
+            "product_min_driver",
+            "source",
+        ),
     ),
     "compute_capabilities": (
         "compute_capabilities.csv",
@@ -25,13 +34,28 @@ TABLES = {
     ),
     "cuda": (
         "cuda_driver.csv",
-        ("cuda_version", "cuda_release", "min_driver", "min_driver_status", "minor_compat_min",
-         "minor_compat_upper", "source"),
+        (
+            "cuda_version",
+            "cuda_release",
+            "min_driver",
+            "min_driver_status",
+            "minor_compat_min",
+            "minor_compat_upper",
+            "source",
+        ),
     ),
     "torch": (
         "torch.csv",
-        ("torch_version", "requires_python", "python_tags", "pypi_default_variant", "index_variants",
-         "index_variant_status", "variants_source", "source"),
+        (
+            "torch_version",
+            "requires_python",
+            "python_tags",
+            "pypi_default_variant",
+            "index_variants",
+            "index_variant_status",
+            "variants_source",
+            "source",
+        ),
     ),
     "torch_extra_variants": (
         "torch_extra_variants.csv",
@@ -43,13 +67,22 @@ TABLES = {
     ),
     "vllm": (
         "vllm.csv",
-        ("distribution", "vllm_version", "requires_python", "wheel_python_tags", "torch_req",
-         "torch_pin", "default_wheel_cuda", "cuda_confidence", "metadata_source", "cuda_source"),
+        (
+            "distribution",
+            "vllm_version",
+            "requires_python",
+            "wheel_python_tags",
+            "torch_req",
+            "torch_pin",
+            "default_wheel_cuda",
+            "cuda_confidence",
+            "metadata_source",
+            "cuda_source",
+        ),
     ),
     "vllm_companions": (
         "vllm_companions.csv",
-        ("distribution", "vllm_version", "companion", "requirement", "pin", "requires_python", "python_tags",
-         "source"),
+        ("distribution", "vllm_version", "companion", "requirement", "pin", "requires_python", "python_tags", "source"),
     ),
     "cuda_components": (
         "cuda_components.csv",
@@ -57,8 +90,17 @@ TABLES = {
     ),
     "flash_attn": (
         "flash_attn.csv",
-        ("version", "requires_python", "build_facts", "nvcc_floor", "documented_cuda_min",
-         "documented_torch_min", "sass_targets", "turing_supported", "source"),
+        (
+            "version",
+            "requires_python",
+            "build_facts",
+            "nvcc_floor",
+            "documented_cuda_min",
+            "documented_torch_min",
+            "sass_targets",
+            "turing_supported",
+            "source",
+        ),
     ),
     "cpython": (
         "cpython.csv",
@@ -108,8 +150,18 @@ def host_check_subset(kb: dict) -> dict:
     """The part of the knowledge base the on-host check needs (kept small: it travels as module args)."""
     return {
         "cuda": [
-            {key: row[key] for key in ("cuda_version", "cuda_release", "min_driver", "min_driver_status",
-                                       "minor_compat_min", "minor_compat_upper", "source")}
+            {
+                key: row[key]
+                for key in (
+                    "cuda_version",
+                    "cuda_release",
+                    "min_driver",
+                    "min_driver_status",
+                    "minor_compat_min",
+                    "minor_compat_upper",
+                    "source",
+                )
+            }
             for row in kb["cuda"]
         ],
         "gpus": [

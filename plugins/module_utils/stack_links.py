@@ -10,36 +10,61 @@ from __future__ import annotations
 from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import gpu_coverage
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_index import KbIndex
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_report import Report
-from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_versions import cc_tuple, specifier_allows, version_key
+from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_versions import (
+    cc_tuple,
+    specifier_allows,
+    version_key,
+)
 
 
-def driver_runs_cuda(index: KbIndex, report: Report, driver: str, cuda: str, what: str, link: str,
-                     fix: str, holder: str = "stack has") -> None:
+def driver_runs_cuda(
+    index: KbIndex, report: Report, driver: str, cuda: str, what: str, link: str, fix: str, holder: str = "stack has"
+) -> None:
     """Check that `driver` runs CUDA `cuda` (toolkit, torch wheel or vLLM wheel): error, warning or fine."""
     rows = index.cuda_rows(cuda)
     if not rows:
-        report.error(link, "%s needs CUDA %s, which is not in the knowledge base (data/compat/cuda_driver.csv); "
-                     "add its NVIDIA driver row with a source" % (what, cuda))
+        report.error(
+            link,
+            "%s needs CUDA %s, which is not in the knowledge base (data/compat/cuda_driver.csv); "
+            "add its NVIDIA driver row with a source" % (what, cuda),
+        )
         return
     row = rows[0]
     floor = row["min_driver"]
     compat_min, compat_upper = row["minor_compat_min"], row["minor_compat_upper"]
     if floor:
-        report.fact("cuda:" + row["cuda_version"],
-                    "CUDA %s (%s) needs driver >= %s; minor-version compatibility: >= %s%s"
-                    % (row["cuda_version"], row["cuda_release"], floor, compat_min,
-                       (", < %s" % compat_upper) if compat_upper else ""), row["source"])
+        report.fact(
+            "cuda:" + row["cuda_version"],
+            "CUDA %s (%s) needs driver >= %s; minor-version compatibility: >= %s%s"
+            % (
+                row["cuda_version"],
+                row["cuda_release"],
+                floor,
+                compat_min,
+                (", < %s" % compat_upper) if compat_upper else "",
+            ),
+            row["source"],
+        )
         if row["min_driver_status"] == "third-party":
-            report.warn(link, "the driver floor of CUDA %s (>= %s) comes from a third-party copy of NVIDIA's "
-                        "release notes, not from NVIDIA's page itself" % (row["cuda_version"], floor))
+            report.warn(
+                link,
+                "the driver floor of CUDA %s (>= %s) comes from a third-party copy of NVIDIA's "
+                "release notes, not from NVIDIA's page itself" % (row["cuda_version"], floor),
+            )
         if version_key(driver) >= version_key(floor):
             return
     else:
-        report.fact("cuda:" + row["cuda_version"],
-                    "CUDA %s: toolkit driver unverified; minor-version compatibility: >= %s"
-                    % (row["cuda_version"], compat_min), row["source"])
-        report.warn(link, "the driver needed by CUDA %s is unverified in the knowledge base; only its "
-                    "minor-version-compatibility floor (>= %s) is checked" % (row["cuda_version"], compat_min))
+        report.fact(
+            "cuda:" + row["cuda_version"],
+            "CUDA %s: toolkit driver unverified; minor-version compatibility: >= %s"
+            % (row["cuda_version"], compat_min),
+            row["source"],
+        )
+        report.warn(
+            link,
+            "the driver needed by CUDA %s is unverified in the knowledge base; only its "
+            "minor-version-compatibility floor (>= %s) is checked" % (row["cuda_version"], compat_min),
+        )
     if compat_upper and version_key(driver) >= version_key(compat_upper):
         # The upper end of the minor-version range is where the next major's drivers start: a newer driver
         # runs every older CUDA (backward compatibility), so it is no limit.
@@ -48,20 +73,29 @@ def driver_runs_cuda(index: KbIndex, report: Report, driver: str, cuda: str, wha
     if compat_min and version_key(driver) >= version_key(compat_min):
         if floor:
             index.rule(report, "minor_version_compatibility")
-            report.warn(link, "driver %s is older than %s, the driver of CUDA %s (%s): it runs only through CUDA "
-                        "minor-version compatibility (no PTX JIT of newer code, some APIs unavailable) — prefer "
-                        "driver >= %s" % (driver, floor, cuda, what, floor))
+            report.warn(
+                link,
+                "driver %s is older than %s, the driver of CUDA %s (%s): it runs only through CUDA "
+                "minor-version compatibility (no PTX JIT of newer code, some APIs unavailable) — prefer "
+                "driver >= %s" % (driver, floor, cuda, what, floor),
+            )
         return
-    report.error(link, "%s needs CUDA %s, which needs driver >= %s; %s driver %s — %s"
-                 % (what, cuda, floor or compat_min, holder, driver, fix))
+    report.error(
+        link,
+        "%s needs CUDA %s, which needs driver >= %s; %s driver %s — %s"
+        % (what, cuda, floor or compat_min, holder, driver, fix),
+    )
 
 
 def check_cuda_covers_gpu(report: Report, gpu: dict, cuda: str, what: str, fix: str) -> None:
     """The CUDA a toolkit compiles with must be new enough to target the GPU's arch."""
     need = gpu["cc_row"]["min_cuda"]
     if version_key(cuda) < version_key(need):
-        report.error("gpu -> cuda", "%s (sm_%s, %s) needs CUDA >= %s to compile for it; %s uses CUDA %s — %s"
-                     % (gpu["label"], gpu["cc"].replace(".", ""), gpu["cc_row"]["architecture"], need, what, cuda, fix))
+        report.error(
+            "gpu -> cuda",
+            "%s (sm_%s, %s) needs CUDA >= %s to compile for it; %s uses CUDA %s — %s"
+            % (gpu["label"], gpu["cc"].replace(".", ""), gpu["cc_row"]["architecture"], need, what, cuda, fix),
+        )
 
 
 def check_binary_covers_gpu(index: KbIndex, report: Report, gpu: dict, cuda: str, what: str, fix: str) -> None:
@@ -75,9 +109,12 @@ def check_binary_covers_gpu(index: KbIndex, report: Report, gpu: dict, cuda: str
         check_cuda_covers_gpu(report, gpu, cuda, what, fix)
         return
     index.rule(report, "cubin_same_major")
-    report.warn("gpu -> cuda", "%s uses CUDA %s, older than CUDA %s, the first to compile for %s (sm_%s): it can "
-                "run only code built for %s (same major) on it" % (what, cuda, native, gpu["label"],
-                                                                   gpu["cc"].replace(".", ""), oldest["sm"]))
+    report.warn(
+        "gpu -> cuda",
+        "%s uses CUDA %s, older than CUDA %s, the first to compile for %s (sm_%s): it can "
+        "run only code built for %s (same major) on it"
+        % (what, cuda, native, gpu["label"], gpu["cc"].replace(".", ""), oldest["sm"]),
+    )
 
 
 def _oldest_same_major(index: KbIndex, cc: str):
@@ -95,12 +132,16 @@ def report_arch_coverage(index: KbIndex, report: Report, link: str, what: str, a
         return
     if coverage == "ptx":
         index.rule(report, "ptx_jit")
-        report.warn(link, "%s covers %s only through PTX: kernels are JIT-compiled at first use (slow start)"
-                    % (what, label))
+        report.warn(
+            link, "%s covers %s only through PTX: kernels are JIT-compiled at first use (slow start)" % (what, label)
+        )
         return
-    report.error(link, "%s is not compiled for %s (arch list: %s): \"no kernel image is available for execution "
-                 "on the device\" — choose a build whose arch list includes sm_%s"
-                 % (what, label, " ".join(arch_list), gpu["cc"].replace(".", "")))
+    report.error(
+        link,
+        '%s is not compiled for %s (arch list: %s): "no kernel image is available for execution '
+        'on the device" — choose a build whose arch list includes sm_%s'
+        % (what, label, " ".join(arch_list), gpu["cc"].replace(".", "")),
+    )
 
 
 def arch_coverage(arch_list: list, cc: str) -> str:
@@ -112,8 +153,7 @@ def arch_coverage(arch_list: list, cc: str) -> str:
     return "ptx" if coverage["ptx"] else "none"
 
 
-def check_python(report: Report, link: str, python: str, what: str, requires_python: str, tags: str,
-                 fix: str) -> None:
+def check_python(report: Report, link: str, python: str, what: str, requires_python: str, tags: str, fix: str) -> None:
     """Python vs a distribution's Requires-Python and its wheel tags (cpXY-cpXY or cp38-abi3)."""
     if requires_python and not specifier_allows(requires_python, python):
         report.error(link, "%s requires Python %s; stack has python %s — %s" % (what, requires_python, python, fix))
@@ -128,8 +168,15 @@ def check_python(report: Report, link: str, python: str, what: str, requires_pyt
             return
         if abi == "none" and interpreter in ("py3", "py%s" % major, wanted):
             return  # a pure-Python wheel (py3-none-any) installs on every CPython 3
-        if abi == "abi3" and interpreter.startswith("cp") and int(interpreter[3:] or 0) <= int(minor) \
-                and interpreter[2] == major:
+        if (
+            abi == "abi3"
+            and interpreter.startswith("cp")
+            and int(interpreter[3:] or 0) <= int(minor)
+            and interpreter[2] == major
+        ):
             return
-    report.error(link, "%s ships no wheel for CPython %s.%s (wheel tags: %s); stack has python %s — %s"
-                 % (what, major, minor, tags.replace(";", " "), python, fix))
+    report.error(
+        link,
+        "%s ships no wheel for CPython %s.%s (wheel tags: %s); stack has python %s — %s"
+        % (what, major, minor, tags.replace(";", " "), python, fix),
+    )

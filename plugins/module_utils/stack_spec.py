@@ -25,16 +25,20 @@ class StackError(ValueError):
 def normalize_stack(raw) -> dict:
     """Check the shape of a stack description and return it normalised; raises StackError (one line)."""
     if not isinstance(raw, dict):
-        raise StackError("a stack must be a mapping with keys %s (got %s)"
-                         % (", ".join(REQUIRED_KEYS), type(raw).__name__))
+        raise StackError(
+            "a stack must be a mapping with keys %s (got %s)" % (", ".join(REQUIRED_KEYS), type(raw).__name__)
+        )
     missing = [key for key in REQUIRED_KEYS if key not in raw]
     if missing:
-        raise StackError("missing key(s) %s; a stack needs %s (use null where a part is absent)"
-                         % (", ".join(missing), ", ".join(REQUIRED_KEYS)))
+        raise StackError(
+            "missing key(s) %s; a stack needs %s (use null where a part is absent)"
+            % (", ".join(missing), ", ".join(REQUIRED_KEYS))
+        )
     unknown = sorted(str(key) for key in raw if key not in REQUIRED_KEYS + OPTIONAL_KEYS)
     if unknown:
-        raise StackError("unknown key(s) %s; allowed keys are %s"
-                         % (", ".join(unknown), ", ".join(REQUIRED_KEYS + OPTIONAL_KEYS)))
+        raise StackError(
+            "unknown key(s) %s; allowed keys are %s" % (", ".join(unknown), ", ".join(REQUIRED_KEYS + OPTIONAL_KEYS))
+        )
     stack = {
         "gpu": _gpu_list(raw["gpu"]),
         "driver": _optional_string(raw, "driver", DRIVER_RE, "580.95.05"),
@@ -45,7 +49,8 @@ def normalize_stack(raw) -> dict:
         "vllm": _optional_string(raw, "vllm", VERSION_RE, "0.26.0"),
         "flash_attn": _optional_string(raw, "flash_attn", VERSION_RE, "2.8.3") if "flash_attn" in raw else None,
         "vllm_package": _optional_string(raw, "vllm_package", re.compile("^(%s)$" % "|".join(VLLM_PACKAGES)), "vllm")
-        if "vllm_package" in raw else None,
+        if "vllm_package" in raw
+        else None,
     }
     if stack["vllm_package"] is None:
         stack["vllm_package"] = "vllm"
@@ -57,18 +62,20 @@ def _gpu_list(value) -> list:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list):
-        raise StackError("gpu must be a list of GPU models or compute capabilities, e.g. [\"H100\"] or "
-                         "[\"9.0\"] (got %s)" % type(value).__name__)
+        raise StackError(
+            'gpu must be a list of GPU models or compute capabilities, e.g. ["H100"] or '
+            '["9.0"] (got %s)' % type(value).__name__
+        )
     for item in value:
         if not isinstance(item, str) or not item.strip():
-            raise StackError("gpu entries must be quoted strings such as \"H200\" or \"9.0\" (got %r)" % (item,))
+            raise StackError('gpu entries must be quoted strings such as "H200" or "9.0" (got %r)' % (item,))
     return [item.strip() for item in value]
 
 
 def _required_string(raw: dict, key: str, pattern, example: str) -> str:
     value = raw[key]
     if value is None:
-        raise StackError("%s must be set (e.g. %s: \"%s\")" % (key, key, example))
+        raise StackError('%s must be set (e.g. %s: "%s")' % (key, key, example))
     return _checked_string(key, value, pattern, example)
 
 
@@ -80,9 +87,11 @@ def _optional_string(raw: dict, key: str, pattern, example: str):
 def _checked_string(key: str, value, pattern, example: str) -> str:
     if not isinstance(value, str):
         # YAML reads 3.10 as the float 3.1 and 12.10 as 12.1: versions must be quoted to stay exact.
-        raise StackError("%s must be a quoted string like \"%s\" (got %s %r; YAML turns unquoted 3.10 into 3.1)"
-                         % (key, example, type(value).__name__, value))
+        raise StackError(
+            '%s must be a quoted string like "%s" (got %s %r; YAML turns unquoted 3.10 into 3.1)'
+            % (key, example, type(value).__name__, value)
+        )
     value = value.strip()
     if not pattern.match(value):
-        raise StackError("%s %r is not valid; expected something like \"%s\"" % (key, value, example))
+        raise StackError('%s %r is not valid; expected something like "%s"' % (key, value, example))
     return value

@@ -18,7 +18,9 @@ VERSION_RE = re.compile(
     r"(?:[-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?(\d*))?"
     r"(?:-(\d+)|[-_.]?(?:post|rev|r)[-_.]?(\d*))?"
     r"(?:[-_.]?(dev)[-_.]?(\d*))?"
-    r"(?:\+([0-9A-Za-z.]+))?$", re.IGNORECASE | re.ASCII)
+    r"(?:\+([0-9A-Za-z.]+))?$",
+    re.IGNORECASE | re.ASCII,
+)
 _PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
 VARIANT_RE = re.compile(r"^(?:cu(\d{3,4})|cpu)$", re.ASCII)
 _SPEC_RE = re.compile(r"^(~=|==|!=|<=|>=|<|>)\s*([0-9][0-9A-Za-z.*+]*)$", re.ASCII)
@@ -56,8 +58,7 @@ def _local_key(local) -> tuple:
     """PEP 440: a local part sorts after none; numeric segments compare as numbers, above text ones."""
     if not local:
         return ()
-    return tuple((1, int(part), "") if part.isdigit() else (0, 0, part.lower())
-                 for part in re.split(r"[._-]", local))
+    return tuple((1, int(part), "") if part.isdigit() else (0, 0, part.lower()) for part in re.split(r"[._-]", local))
 
 
 def _is_pre_or_post(text: str, operator: str) -> bool:
@@ -108,16 +109,24 @@ def _clause_allows(operator: str, bound: str, version: str) -> bool:
     if "+" not in bound:
         version = base_version(version)  # a specifier without a local part ignores the candidate's
     have, want = version_key(version), version_key(bound)
-    if operator in ("<", ">") and have[0] == want[0] and _is_pre_or_post(version, operator) \
-            and not _is_pre_or_post(bound, operator):
+    if (
+        operator in ("<", ">")
+        and have[0] == want[0]
+        and _is_pre_or_post(version, operator)
+        and not _is_pre_or_post(bound, operator)
+    ):
         return False  # PEP 440: <3.15 excludes 3.15.0rc1, >2.8 excludes 2.8.post1
     if operator == "~=":
         # ~=X.Y means >=X.Y, ==X.*; ~=X.Y.Z means >=X.Y.Z, ==X.Y.*
         release_prefix = _release(bound)[:-1]
-        return have >= want and _release(version)[:len(release_prefix)] == release_prefix
+        return have >= want and _release(version)[: len(release_prefix)] == release_prefix
     return {
-        "==": have == want, "!=": have != want, ">=": have >= want,
-        "<=": have <= want, ">": have > want, "<": have < want,
+        "==": have == want,
+        "!=": have != want,
+        ">=": have >= want,
+        "<=": have <= want,
+        ">": have > want,
+        "<": have < want,
     }[operator]
 
 

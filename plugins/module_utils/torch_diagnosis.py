@@ -111,8 +111,15 @@ CUDA_OUT_OF_MEMORY = Signature(
 )
 
 SIGNATURES = (
-    DRIVER_INSUFFICIENT, DRIVER_UNREACHABLE, DRIVER_LIBRARY_MISMATCH, CPU_WHEEL, NO_KERNEL_IMAGE,
-    CUDA_LIBRARY_MISSING, UNDEFINED_SYMBOL, FLASH_ATTN_UNAVAILABLE, CUDA_OUT_OF_MEMORY,
+    DRIVER_INSUFFICIENT,
+    DRIVER_UNREACHABLE,
+    DRIVER_LIBRARY_MISMATCH,
+    CPU_WHEEL,
+    NO_KERNEL_IMAGE,
+    CUDA_LIBRARY_MISSING,
+    UNDEFINED_SYMBOL,
+    FLASH_ATTN_UNAVAILABLE,
+    CUDA_OUT_OF_MEMORY,
 )
 
 UNCLASSIFIED_CAUSE = "not in the signature table"
@@ -128,10 +135,22 @@ def entry(signature: Signature | None, component: str, evidence: str) -> dict:
     """One diagnosis: the table row (or an unclassified one), where it was seen and the text that shows it."""
     evidence = " ".join(evidence.split())[:EVIDENCE_CHARS]
     if signature is None:
-        return {"id": "unclassified", "signature": None, "cause": UNCLASSIFIED_CAUSE, "fix": UNCLASSIFIED_FIX,
-                "component": component, "evidence": evidence}
-    return {"id": signature.id, "signature": signature.signature, "cause": signature.cause, "fix": signature.fix,
-            "component": component, "evidence": evidence}
+        return {
+            "id": "unclassified",
+            "signature": None,
+            "cause": UNCLASSIFIED_CAUSE,
+            "fix": UNCLASSIFIED_FIX,
+            "component": component,
+            "evidence": evidence,
+        }
+    return {
+        "id": signature.id,
+        "signature": signature.signature,
+        "cause": signature.cause,
+        "fix": signature.fix,
+        "component": component,
+        "evidence": evidence,
+    }
 
 
 def error_text(error: dict) -> str:
@@ -159,11 +178,12 @@ def _matching_line(signature: Signature, text: str) -> str:
 
 def _torch_errors(torch: dict) -> list[tuple[str, dict | None]]:
     """(component, error record or None where that step did not fail); _component_errors drops the None."""
-    errors = [("torch", torch.get(key)) for key in ("import_error", "cuda_error", "cudnn_error", "nccl_error",
-                                                    "arch_list_error")]
+    errors = [
+        ("torch", torch.get(key))
+        for key in ("import_error", "cuda_error", "cudnn_error", "nccl_error", "arch_list_error")
+    ]
     errors += [("torch device %s" % device.get("index"), device.get("error")) for device in torch.get("devices", [])]
-    errors += [("torch", {"text": warning}) for warning in torch.get("cuda_warnings", [])
-               if classify(warning)]
+    errors += [("torch", {"text": warning}) for warning in torch.get("cuda_warnings", []) if classify(warning)]
     return errors
 
 
@@ -175,8 +195,10 @@ def _component_errors(report: dict) -> list[tuple[str, dict]]:
     vllm = report.get("vllm") or {}
     errors += [("vllm", vllm.get("import_error")), ("vllm._C", vllm.get("extension_error"))]
     flash_attn = report.get("flash_attn") or {}
-    errors += [("flash_attn", flash_attn.get("import_error")),
-               ("flash_attn kernel", (flash_attn.get("kernel") or {}).get("error"))]
+    errors += [
+        ("flash_attn", flash_attn.get("import_error")),
+        ("flash_attn kernel", (flash_attn.get("kernel") or {}).get("error")),
+    ]
     errors += [("import %s" % item.get("module"), item.get("error")) for item in report.get("imports", [])]
     return [(component, error) for component, error in errors if error]
 
@@ -193,10 +215,16 @@ def _arch_gaps(torch: dict) -> list[dict]:
     for gpu in torch.get("arch_coverage") or []:
         if gpu.get("covered"):
             continue
-        who = "GPU %s %s" % (gpu.get("index", "?"), gpu.get("name", "")) if gpu.get("source") == "torch" \
+        who = (
+            "GPU %s %s" % (gpu.get("index", "?"), gpu.get("name", ""))
+            if gpu.get("source") == "torch"
             else "a GPU of the given capabilities"
+        )
         evidence = "torch arch list [%s] has nothing that runs on %s (compute capability %s)" % (
-            " ".join(torch.get("arch_list") or []), who.strip(), gpu.get("capability"))
+            " ".join(torch.get("arch_list") or []),
+            who.strip(),
+            gpu.get("capability"),
+        )
         findings.append(entry(NO_KERNEL_IMAGE, "torch", evidence))
     return findings
 
@@ -216,7 +244,10 @@ def _result_text(check: dict) -> str:
     if check.get("non_finite"):
         return "non-finite results on %s" % check.get("device")
     return "wrong results on %s: max abs error %s > tolerance %s" % (
-        check.get("device"), check.get("max_abs_error"), check.get("tolerance"))
+        check.get("device"),
+        check.get("max_abs_error"),
+        check.get("tolerance"),
+    )
 
 
 def _flash_attn_state(flash_attn: dict, found: list[dict]) -> list[dict]:
@@ -225,8 +256,13 @@ def _flash_attn_state(flash_attn: dict, found: list[dict]) -> list[dict]:
     if any(item["component"].startswith("flash_attn") and item["id"] != "unclassified" for item in found):
         return []
     if flash_attn.get("installed") and flash_attn.get("import_ok") is False:
-        return [entry(FLASH_ATTN_UNAVAILABLE, "flash_attn",
-                      "flash-attn %s is installed but does not import" % flash_attn.get("version"))]
+        return [
+            entry(
+                FLASH_ATTN_UNAVAILABLE,
+                "flash_attn",
+                "flash-attn %s is installed but does not import" % flash_attn.get("version"),
+            )
+        ]
     if kernel.get("requested") and not flash_attn.get("installed"):
         return [entry(FLASH_ATTN_UNAVAILABLE, "flash_attn", "flash_attn_kernel requested; flash-attn is not installed")]
     return []

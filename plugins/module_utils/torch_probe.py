@@ -20,8 +20,14 @@ PROBE_ENVIRONMENT = {"LANGUAGE": "C", "LC_ALL": "C"}
 STDERR_TAIL_CHARS = 4000
 SECTIONS = ("python", "packages", "torch", "gpu_compute", "vllm", "flash_attn", "imports")
 EXPECT_KEYS = (
-    "python_version", "torch_version", "torch_variant", "cuda_available", "arch_covers_gpus",
-    "vllm_version", "flash_attn_version", "packages_sha256",
+    "python_version",
+    "torch_version",
+    "torch_variant",
+    "cuda_available",
+    "arch_covers_gpus",
+    "vllm_version",
+    "flash_attn_version",
+    "packages_sha256",
 )
 
 
@@ -70,8 +76,12 @@ def probe_environment(base: dict | None = None) -> dict:
 def run_process(argv: list[str], timeout: int) -> tuple[int | None, str, str, bool]:
     """Run argv in its own process group; (returncode, stdout, stderr, timed_out). Kills the group on timeout."""
     process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        env=probe_environment(), start_new_session=True,
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=probe_environment(),
+        start_new_session=True,
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -156,8 +166,11 @@ def run_probe(interpreter: str, source: str, options: dict, timeout: int, workdi
     if stopped_by_state and parsed["stopped_in"]:
         return parsed
     raise ProbeError(
-        "the probe failed under %s (%s, %s%s): %s" % (
-            interpreter, interpreter_version(interpreter), parsed["exit"],
+        "the probe failed under %s (%s, %s%s): %s"
+        % (
+            interpreter,
+            interpreter_version(interpreter),
+            parsed["exit"],
             ", in section %s" % parsed["stopped_in"] if parsed["stopped_in"] else "",
             last_line(stderr) or "no error output",
         )
@@ -168,7 +181,11 @@ def interpreter_version(interpreter: str) -> str:
     """`python --version` output, for error messages about interpreters the probe cannot use."""
     try:
         completed = subprocess.run(
-            [interpreter, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30, check=False,
+            [interpreter, "--version"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=30,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return "unknown (%s)" % exc
@@ -200,13 +217,26 @@ def public_version(version: str | None) -> str | None:
 
 # Keys every report has, so that callers can template them without defaults; null/empty when unknown.
 TORCH_DEFAULTS: dict[str, Any] = {
-    "installed": False, "import_ok": False, "version": None, "cuda": None, "hip": None, "cudnn": None,
-    "nccl": None, "cuda_available": False, "device_count": 0, "devices": [], "arch_list": [],
-    "arch_covers_gpus": None, "arch_coverage": [],
+    "installed": False,
+    "import_ok": False,
+    "version": None,
+    "cuda": None,
+    "hip": None,
+    "cudnn": None,
+    "nccl": None,
+    "cuda_available": False,
+    "device_count": 0,
+    "devices": [],
+    "arch_list": [],
+    "arch_covers_gpus": None,
+    "arch_coverage": [],
 }
 VLLM_DEFAULTS = {"installed": False, "distribution": None, "version": None, "import_ok": None, "extension_ok": None}
 FLASH_ATTN_DEFAULTS = {
-    "installed": False, "version": None, "import_ok": None, "kernel": {"requested": False, "ran": False},
+    "installed": False,
+    "version": None,
+    "import_ok": None,
+    "kernel": {"requested": False, "ran": False},
 }
 
 
@@ -304,6 +334,8 @@ def check_expect(report: dict, expect: dict | None) -> list[dict]:
 
 def mismatch_message(mismatches: list[dict]) -> str:
     """One line naming every mismatch."""
-    parts = ["%s: expected %s, found %s" % (item["key"], json.dumps(item["expected"]), json.dumps(item["actual"]))
-             for item in mismatches]
+    parts = [
+        "%s: expected %s, found %s" % (item["key"], json.dumps(item["expected"]), json.dumps(item["actual"]))
+        for item in mismatches
+    ]
     return "%d expectation(s) not met: %s" % (len(mismatches), "; ".join(parts))

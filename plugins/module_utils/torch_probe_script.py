@@ -184,13 +184,15 @@ def cuda_devices(torch, count):
     for index in range(count):
         try:
             props = torch.cuda.get_device_properties(index)
-            devices.append({
-                "index": index,
-                "name": props.name,
-                "capability": "%d.%d" % (props.major, props.minor),
-                "total_memory_bytes": int(props.total_memory),
-                "multi_processor_count": int(props.multi_processor_count),
-            })
+            devices.append(
+                {
+                    "index": index,
+                    "name": props.name,
+                    "capability": "%d.%d" % (props.major, props.minor),
+                    "total_memory_bytes": int(props.total_memory),
+                    "multi_processor_count": int(props.multi_processor_count),
+                }
+            )
         except Exception as exc:
             devices.append({"index": index, "error": error_info(exc)})
     return devices
@@ -442,8 +444,12 @@ def main(argv):
     """Run every section in order of risk: pure Python first, native imports and GPU work last."""
     redirect_stdout()
     if sys.version_info[:2] < MIN_PYTHON:
-        emit({"fatal": "Python %s is too old for the probe: it needs %d.%d or newer"
-                       % (platform.python_version(), MIN_PYTHON[0], MIN_PYTHON[1])})
+        emit(
+            {
+                "fatal": "Python %s is too old for the probe: it needs %d.%d or newer"
+                % (platform.python_version(), MIN_PYTHON[0], MIN_PYTHON[1])
+            }
+        )
         return 3
     options = json.loads(argv[1]) if len(argv) > 1 else {}
     started = time.time()

@@ -149,8 +149,12 @@ def proxy_keys(proxy_config: str) -> list[str] | None:
 def http_status(port: str, key: str) -> str:
     """vLLM's answer to GET /v1/models with the proxy's key, on loopback where it listens."""
     try:
-        with open_url("http://127.0.0.1:%s/v1/models" % port, headers={"Authorization": "Bearer " + key}, timeout=5,
-                      use_netrc=False) as response:
+        with open_url(
+            "http://127.0.0.1:%s/v1/models" % port,
+            headers={"Authorization": "Bearer " + key},
+            timeout=5,
+            use_netrc=False,
+        ) as response:
             return str(response.status)
     except urllib.error.HTTPError as error:
         return "%d %s" % (error.code, error.reason)
@@ -167,19 +171,40 @@ def instance(module: AnsibleModule, name: str, keys: list[str] | None) -> dict[s
     argv = exec_start(module, name)
     model, port = option(argv, "--model"), option(argv, "--port")
     active = run(module, "systemctl", "is-active", "vllm@%s.service" % name)["output"]
-    journal = run(module, "journalctl", "-b", "0", *journal_match(module, name), "-n", str(params["journal_lines"]),
-                  "-o", "cat", "--no-pager", "-q")["output"].splitlines()
-    result = {"name": name, "active": active, "port": port, "model": model,
-              "model_exists": bool(model) and os.path.isdir(model) if model and model.startswith("/") else None,
-              "journal": journal, "proxy_key": None}
+    journal = run(
+        module,
+        "journalctl",
+        "-b",
+        "0",
+        *journal_match(module, name),
+        "-n",
+        str(params["journal_lines"]),
+        "-o",
+        "cat",
+        "--no-pager",
+        "-q",
+    )["output"].splitlines()
+    result = {
+        "name": name,
+        "active": active,
+        "port": port,
+        "model": model,
+        "model_exists": bool(model) and os.path.isdir(model) if model and model.startswith("/") else None,
+        "journal": journal,
+        "proxy_key": None,
+    }
     required = env_key(params["config_dir"], name)
     if keys is not None and required is not None and port:
         matching = [key for key in keys if key == required]
         # The proxy sends one of its keys to this instance: a probe with each that is not vLLM's shows the 401.
         others = [key for key in keys if key != required]
         probe = matching[0] if matching else (others[0] if others else "")
-        result["proxy_key"] = {"matches": bool(matching), "proxy_key_ids": [fingerprint(key) for key in keys],
-                               "vllm_key_id": fingerprint(required), "http_status": http_status(port, probe)}
+        result["proxy_key"] = {
+            "matches": bool(matching),
+            "proxy_key_ids": [fingerprint(key) for key in keys],
+            "vllm_key_id": fingerprint(required),
+            "http_status": http_status(port, probe),
+        }
     return result
 
 
@@ -188,18 +213,26 @@ def disk(paths: list[str]) -> list[dict[str, Any]]:
     for path in paths:
         if os.path.exists(path):
             stats = os.statvfs(path)
-            found.append({"path": path, "free_mib": stats.f_bavail * stats.f_frsize // MIB,
-                          "total_mib": stats.f_blocks * stats.f_frsize // MIB})
+            found.append(
+                {
+                    "path": path,
+                    "free_mib": stats.f_bavail * stats.f_frsize // MIB,
+                    "total_mib": stats.f_blocks * stats.f_frsize // MIB,
+                }
+            )
     return found
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={
-        "journal_lines": {"type": "int", "default": 200},
-        "config_dir": {"type": "path", "default": "/etc/vllm"},
-        "proxy_config": {"type": "path", "default": "/etc/nginx/conf.d/gpufleet-inference.conf"},
-        "disk_paths": {"type": "list", "elements": "path", "default": ["/", "/var/lib/gpufleet", "/opt/gpufleet"]},
-    }, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec={
+            "journal_lines": {"type": "int", "default": 200},
+            "config_dir": {"type": "path", "default": "/etc/vllm"},
+            "proxy_config": {"type": "path", "default": "/etc/nginx/conf.d/gpufleet-inference.conf"},
+            "disk_paths": {"type": "list", "elements": "path", "default": ["/", "/var/lib/gpufleet", "/opt/gpufleet"]},
+        },
+        supports_check_mode=True,
+    )
     keys = proxy_keys(module.params["proxy_config"])
     module_version = read_text("/sys/module/nvidia/version")
     module.exit_json(

@@ -162,7 +162,11 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import (
-    Context, SpecError, register, run_checks, validate,
+    Context,
+    SpecError,
+    register,
+    run_checks,
+    validate,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_stack import KINDS as STACK_KINDS
 from ansible_collections.gpufleet.fleet.plugins.module_utils.ray_cluster import KINDS as RAY_KINDS
@@ -186,8 +190,9 @@ def main() -> None:
     def run(argv: list) -> tuple:
         """A read-only command; a missing executable is rc 127 (the check reports it), not a dead module."""
         try:
-            return module.run_command([str(part) for part in argv], environ_update={"LC_ALL": "C", "LANGUAGE": "C"},
-                                      handle_exceptions=False)
+            return module.run_command(
+                [str(part) for part in argv], environ_update={"LC_ALL": "C", "LANGUAGE": "C"}, handle_exceptions=False
+            )
         except OSError as error:
             return 127, "", str(error)
 
@@ -196,8 +201,11 @@ def main() -> None:
     except SpecError as error:
         module.fail_json(msg=f"layer {module.params['layer']}: {error}", changed=False)
     except Exception as error:  # noqa: BLE001 - a bug must become an error of this layer, not a dead run
-        module.fail_json(msg=f"layer {module.params['layer']}: {type(error).__name__}: {error}",
-                         exception=traceback.format_exc(), changed=False)
+        module.fail_json(
+            msg=f"layer {module.params['layer']}: {type(error).__name__}: {error}",
+            exception=traceback.format_exc(),
+            changed=False,
+        )
     result["layer"] = module.params["layer"]
     module.exit_json(changed=False, gpufleet_drift=result)
 

@@ -118,9 +118,12 @@ def main() -> None:
     free = stats.f_bavail * stats.f_frsize
     result = dict(changed=False, mount_path=measured, free_bytes=free, needed_bytes=needed)
     if free < needed:
-        module.fail_json(msg=f"not enough free space for {p['what']}: {p['path']} (file system of {measured}) has "
-                             f"{human(free)} free, {human(needed)} needed; free {human(needed - free)} there "
-                             "or move the directory to a larger file system", **result)
+        module.fail_json(
+            msg=f"not enough free space for {p['what']}: {p['path']} (file system of {measured}) has "
+            f"{human(free)} free, {human(needed)} needed; free {human(needed - free)} there "
+            "or move the directory to a larger file system",
+            **result,
+        )
     module.exit_json(**result)
 
 

@@ -136,8 +136,11 @@ def read_kernel_log(module: AnsibleModule, source: str) -> tuple[list[str], str 
         except OSError as error:
             return [], "cannot read %s: %s" % (source, error)
     journalctl = module.get_bin_path("journalctl")
-    command = ([journalctl, "-k", "-b", "0", "-o", "short-iso", "--no-pager", "-q"] if journalctl
-               else [module.get_bin_path("dmesg", required=True)])
+    command = (
+        [journalctl, "-k", "-b", "0", "-o", "short-iso", "--no-pager", "-q"]
+        if journalctl
+        else [module.get_bin_path("dmesg", required=True)]
+    )
     rc, out, err = module.run_command(command, environ_update=C_LOCALE)
     if rc != 0:
         return [], "%s exited %d: %s" % (command[0], rc, err.strip())
@@ -164,10 +167,17 @@ def nvml_state(library: str | None, ecc_errors_max: int) -> list[dict[str, Any]]
 def with_drift(layer_result: dict[str, Any], problems: list[dict[str, Any]]) -> dict[str, Any]:
     """The layer's drift_probe result plus one drift entry per XID or DCGM problem."""
     merged = dict(layer_result)
-    added = [{"check": DRIFT_ENTRY[problem["check"]][0],
-              "field": "xid %d" % problem["xid"] if problem["check"] == "xid" else "verdict",
-              "expected": DRIFT_ENTRY[problem["check"]][1], "actual": problem["evidence"], "detail": problem["message"]}
-             for problem in problems if problem["check"] in DRIFT_CHECKS]
+    added = [
+        {
+            "check": DRIFT_ENTRY[problem["check"]][0],
+            "field": "xid %d" % problem["xid"] if problem["check"] == "xid" else "verdict",
+            "expected": DRIFT_ENTRY[problem["check"]][1],
+            "actual": problem["evidence"],
+            "detail": problem["message"],
+        }
+        for problem in problems
+        if problem["check"] in DRIFT_CHECKS
+    ]
     merged["drift"] = list(layer_result.get("drift") or []) + added
     if added:
         merged["status"] = "drifted"
@@ -184,15 +194,24 @@ def main() -> None:
     dcgm = run_dcgm(module, params["dcgm_level"])
     if dcgm["ran"]:
         problems += dcgm_problems(dcgm["rc"], dcgm["output"], params["dcgm_level"])
-    result = {"changed": False, "healthy": not problems, "problems": problems, "xids": xids, "dcgm": dcgm,
-              "kernel_log_error": kernel_log_error}
+    result = {
+        "changed": False,
+        "healthy": not problems,
+        "problems": problems,
+        "xids": xids,
+        "dcgm": dcgm,
+        "kernel_log_error": kernel_log_error,
+    }
     if params["drift_layer_result"] is not None:
         result["gpufleet_drift"] = with_drift(params["drift_layer_result"], problems)
     if kernel_log_error:
         module.warn("XIDs not checked: " + kernel_log_error)
     if problems and params["fail"]:
-        module.fail_json(msg="the GPUs are not fit to serve on %s: %s" % (
-            os.uname().nodename, "; ".join(problem["message"] for problem in problems)), **result)
+        module.fail_json(
+            msg="the GPUs are not fit to serve on %s: %s"
+            % (os.uname().nodename, "; ".join(problem["message"] for problem in problems)),
+            **result,
+        )
     module.exit_json(**result)
 
 

@@ -196,9 +196,16 @@ def main() -> None:
     for warning in warnings:
         module.warn(warning)
     module.exit_json(
-        changed=False, key=key, components=components, installed_key=installed_key,
-        installed_version=installed_version, nvcc=nvcc, warnings_list=warnings,
-        probe=probe, torch_identity=torch_identity(p["venv"]), marker=marker,
+        changed=False,
+        key=key,
+        components=components,
+        installed_key=installed_key,
+        installed_version=installed_version,
+        nvcc=nvcc,
+        warnings_list=warnings,
+        probe=probe,
+        torch_identity=torch_identity(p["venv"]),
+        marker=marker,
         up_to_date=installed_key == key and installed_version == str(package["version"]),
     )
 

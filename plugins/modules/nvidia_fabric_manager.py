@@ -95,7 +95,10 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.fabric_manager import (
-    NVSWITCH_DEVICES, UNIT, count_nvswitches, problem,
+    NVSWITCH_DEVICES,
+    UNIT,
+    count_nvswitches,
+    problem,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import fabric_manager_version
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import NvmlError, read_fabric
@@ -112,14 +115,17 @@ def installed_version(module: AnsibleModule, binary: str) -> str | None:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={
-        "library": {"type": "path"},
-        "driver_version": {"type": "str"},
-        "binary": {"type": "str", "default": "nv-fabricmanager"},
-        "nvswitch_devices": {"type": "path", "default": NVSWITCH_DEVICES},
-        "service_active": {"type": "bool", "default": False},
-        "refuse": {"type": "bool", "default": True},
-    }, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec={
+            "library": {"type": "path"},
+            "driver_version": {"type": "str"},
+            "binary": {"type": "str", "default": "nv-fabricmanager"},
+            "nvswitch_devices": {"type": "path", "default": NVSWITCH_DEVICES},
+            "service_active": {"type": "bool", "default": False},
+            "refuse": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
     try:
         state = read_fabric(module.params["library"])
     except NvmlError as error:
@@ -129,10 +135,16 @@ def main() -> None:
     driver = module.params["driver_version"] or state["driver_version"]
     installed = installed_version(module, module.params["binary"])
     systemctl = module.get_bin_path("systemctl")
-    service = (module.run_command([systemctl, "is-active", UNIT])[1].strip()
-               if systemctl else "unknown")
-    result = {"changed": False, "nvswitch": nvswitch, "fabric": state["gpus"], "nvswitch_count": switches,
-              "driver_version": driver, "fabric_manager_version": installed, "service": service}
+    service = module.run_command([systemctl, "is-active", UNIT])[1].strip() if systemctl else "unknown"
+    result = {
+        "changed": False,
+        "nvswitch": nvswitch,
+        "fabric": state["gpus"],
+        "nvswitch_count": switches,
+        "driver_version": driver,
+        "fabric_manager_version": installed,
+        "service": service,
+    }
     result["problem"] = problem(nvswitch, driver, installed, service if module.params["service_active"] else None)
     if result["problem"] and module.params["refuse"]:
         module.fail_json(msg=result["problem"], **result)

@@ -110,8 +110,13 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.digests import sha2
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_versions import fabric_manager_version
 
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
-REQUIRED = ("bin/nv-fabricmanager", "bin/nvidia-fabricmanager-start.sh", "lib/libnvfm.so.1",
-            "etc/fabricmanager.cfg", "systemd/nvidia-fabricmanager.service")
+REQUIRED = (
+    "bin/nv-fabricmanager",
+    "bin/nvidia-fabricmanager-start.sh",
+    "lib/libnvfm.so.1",
+    "etc/fabricmanager.cfg",
+    "systemd/nvidia-fabricmanager.service",
+)
 UNIT = "systemd/nvidia-fabricmanager.service"
 
 
@@ -143,13 +148,15 @@ def read_archive(path: str, version: str) -> dict[str, bytes]:
             if member.isdir() and (name + "/") == top:
                 continue
             if not name.startswith(top) or ".." in name.split("/"):
-                raise ValueError("%s holds %r outside %s: not the fabric manager archive of driver %s"
-                                 % (path, member.name, top, version))
+                raise ValueError(
+                    "%s holds %r outside %s: not the fabric manager archive of driver %s"
+                    % (path, member.name, top, version)
+                )
             if member.isfile():
                 stream = archive.extractfile(member)
                 if stream is None:
                     raise RuntimeError("a regular file member always has a stream")
-                files[name[len(top):]] = stream.read()
+                files[name[len(top) :]] = stream.read()
     missing = [name for name in REQUIRED if name not in files]
     if missing:
         raise ValueError("%s lacks %s" % (path, ", ".join(missing)))
@@ -208,38 +215,49 @@ def put_link(path: str) -> None:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={
-        "archive": {"type": "path", "required": True},
-        "sha256": {"type": "str", "required": True},
-        "version": {"type": "str", "required": True},
-        "bindir": {"type": "path", "default": "/usr/bin"},
-        "libdir": {"type": "path", "default": "/usr/lib/x86_64-linux-gnu"},
-        "datadir": {"type": "path", "default": "/usr/share/nvidia/nvswitch"},
-        "unitdir": {"type": "path", "default": "/etc/systemd/system"},
-        "docdir": {"type": "path", "default": "/usr/share/doc/nvidia-fabricmanager"},
-        "staging": {"type": "path", "default": "/var/lib/gpufleet"},
-        "record": {"type": "path", "default": "/var/lib/gpufleet/nvidia-fabricmanager.json"},
-    }, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec={
+            "archive": {"type": "path", "required": True},
+            "sha256": {"type": "str", "required": True},
+            "version": {"type": "str", "required": True},
+            "bindir": {"type": "path", "default": "/usr/bin"},
+            "libdir": {"type": "path", "default": "/usr/lib/x86_64-linux-gnu"},
+            "datadir": {"type": "path", "default": "/usr/share/nvidia/nvswitch"},
+            "unitdir": {"type": "path", "default": "/etc/systemd/system"},
+            "docdir": {"type": "path", "default": "/usr/share/doc/nvidia-fabricmanager"},
+            "staging": {"type": "path", "default": "/var/lib/gpufleet"},
+            "record": {"type": "path", "default": "/var/lib/gpufleet/nvidia-fabricmanager.json"},
+        },
+        supports_check_mode=True,
+    )
     params, version = module.params, module.params["version"]
     archive, pinned = params["archive"], params["sha256"].strip().lower()
     if not os.path.isfile(archive):
         if module.check_mode:
-            module.exit_json(changed=True, files=[], unit_changed=True,
-                             msg="would install fabric manager %s (its archive is not fetched in check mode)" % version)
+            module.exit_json(
+                changed=True,
+                files=[],
+                unit_changed=True,
+                msg="would install fabric manager %s (its archive is not fetched in check mode)" % version,
+            )
         module.fail_json(msg="the fabric manager archive %s is missing" % archive, files=[], unit_changed=False)
     found = sha256_file(archive)
     if found != pinned:
-        module.fail_json(msg="%s has sha256 %s, expected %s: not used" % (archive, found, pinned),
-                         files=[], unit_changed=False)
+        module.fail_json(
+            msg="%s has sha256 %s, expected %s: not used" % (archive, found, pinned), files=[], unit_changed=False
+        )
     try:
         members = read_archive(archive, version)
     except (ValueError, tarfile.TarError, EOFError, OSError) as error:
         module.fail_json(msg="cannot use the fabric manager archive: %s" % error, files=[], unit_changed=False)
     staged = staged_version(module, members["bin/nv-fabricmanager"], params["staging"])
     if staged != version:
-        module.fail_json(msg="the archive's nv-fabricmanager reports version %s, not the driver's %s: the installed "
-                             "fabric manager is left as it was" % (staged or "(none)", version),
-                         files=[], unit_changed=False)
+        module.fail_json(
+            msg="the archive's nv-fabricmanager reports version %s, not the driver's %s: the installed "
+            "fabric manager is left as it was" % (staged or "(none)", version),
+            files=[],
+            unit_changed=False,
+        )
     targets = {name: destination(name, params) for name in sorted(members)}
     plan = {}
     for name, target in targets.items():
@@ -250,14 +268,23 @@ def main() -> None:
     if unit_target is None:
         raise RuntimeError("destination() places the unit, a REQUIRED member")
     unit = unit_target[0]
-    record = {"version": version, "archive": os.path.basename(archive), "sha256": pinned,
-              "files": sorted(target[0] for target in targets.values() if target) + [library_link]}
+    record = {
+        "version": version,
+        "archive": os.path.basename(archive),
+        "sha256": pinned,
+        "files": sorted(target[0] for target in targets.values() if target) + [library_link],
+    }
     record_text = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
     if differs(params["record"], record_text, 0o644):
         plan[params["record"]] = (record_text, 0o644)
     changed_files = sorted(plan) + ([library_link] if link_missing(library_link) else [])
-    result = {"changed": bool(changed_files), "installed": version, "files": changed_files,
-              "unit_changed": unit in plan, "ignored": [name for name, target in targets.items() if not target]}
+    result = {
+        "changed": bool(changed_files),
+        "installed": version,
+        "files": changed_files,
+        "unit_changed": unit in plan,
+        "ignored": [name for name, target in targets.items() if not target],
+    }
     if module.check_mode or not changed_files:
         module.exit_json(**result)
     for path, (data, mode) in plan.items():

@@ -204,7 +204,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.openai_http import (
-    RequestClass, Server, model_ids, run_class, wait_for_health,
+    RequestClass,
+    Server,
+    model_ids,
+    run_class,
+    wait_for_health,
 )
 
 REQUEST_OPTIONS = dict(
@@ -251,6 +255,7 @@ def bad_request_classes(classes: List[Dict[str, Any]]) -> List[str]:
 
 def unit_failed(module: AnsibleModule, unit: Optional[str]) -> Callable[[], str]:
     """A check for wait_for_health: the reason to stop waiting when `unit` is failed, else ''."""
+
     def check() -> str:
         if not unit:
             return ""
@@ -258,6 +263,7 @@ def unit_failed(module: AnsibleModule, unit: Optional[str]) -> Callable[[], str]
         if rc == 0 and out.strip() == "failed":
             return f"{unit} is failed, systemd stopped restarting it"
         return ""
+
     return check
 
 
@@ -269,20 +275,32 @@ def main() -> None:
     problems = bad_request_classes(params["requests"])
     if problems:
         module.fail_json(msg="; ".join(problems))
-    server = Server(params["url"], params["api_key"] or "", params["timeout"], params["ca_path"] or "",
-                    params["validate_certs"])
+    server = Server(
+        params["url"], params["api_key"] or "", params["timeout"], params["ca_path"] or "", params["validate_certs"]
+    )
     result: Dict[str, Any] = {"changed": False, "missing_models": [], "results": []}
 
     if params["health_path"]:
-        health = wait_for_health(server, params["health_path"], params["health_timeout"], params["health_interval"],
-                                 given_up=unit_failed(module, params["systemd_unit"]))
+        health = wait_for_health(
+            server,
+            params["health_path"],
+            params["health_timeout"],
+            params["health_interval"],
+            given_up=unit_failed(module, params["systemd_unit"]),
+        )
         result["health"] = health
         if health.get("given_up"):
-            module.fail_json(msg=f"{server.url(params['health_path'])} did not answer 2xx and will not: "
-                                 f"{health['given_up']} (last: {health['error']})", **result)
+            module.fail_json(
+                msg=f"{server.url(params['health_path'])} did not answer 2xx and will not: "
+                f"{health['given_up']} (last: {health['error']})",
+                **result,
+            )
         if not health["ok"]:
-            module.fail_json(msg=f"{server.url(params['health_path'])} did not answer 2xx within "
-                                 f"{params['health_timeout']:g} s (last: {health['error']})", **result)
+            module.fail_json(
+                msg=f"{server.url(params['health_path'])} did not answer 2xx within "
+                f"{params['health_timeout']:g} s (last: {health['error']})",
+                **result,
+            )
 
     models, reply = model_ids(server)
     result["models"] = models
@@ -297,8 +315,9 @@ def main() -> None:
         result["results"].append(run_class(server, RequestClass(**spec), model))
     failed = [entry for entry in result["results"] if entry["failed"]]
     if failed and params["fail_on_request_error"]:
-        summary = ", ".join(f"{entry['name']}: {entry['failed']}/{entry['count']} failed ({entry['errors'][0]})"
-                            for entry in failed)
+        summary = ", ".join(
+            f"{entry['name']}: {entry['failed']}/{entry['count']} failed ({entry['errors'][0]})" for entry in failed
+        )
         module.fail_json(msg=f"requests to {params['url']} failed: {summary}", **result)
     module.exit_json(**result)
 

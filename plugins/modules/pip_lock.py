@@ -172,8 +172,10 @@ def installed_distributions(module: AnsibleModule, venv: str) -> dict[str, tuple
         return None
     rc, out, err = module.run_command([python, "-I", "-c", INSTALLED_PROBE], environ_update=PIP_ENV)
     if rc != 0:
-        module.fail_json(msg=f"cannot list the packages of {venv}: {(err or out).strip()[-400:]}; "
-                             "remove the broken venv so it is created again")
+        module.fail_json(
+            msg=f"cannot list the packages of {venv}: {(err or out).strip()[-400:]}; "
+            "remove the broken venv so it is created again"
+        )
     return {canonical_name(name): (name, version) for name, version in json.loads(out).items()}
 
 
@@ -212,8 +214,10 @@ def write_record(path: str, text: str) -> None:
 
 def create_venv(module: AnsibleModule, python: str | None, venv: str) -> None:
     if not python or not os.path.exists(python):
-        module.fail_json(msg=f"{venv} does not exist and the interpreter to create it ({python}) is missing; "
-                             "build the Python layer first (tags: python)")
+        module.fail_json(
+            msg=f"{venv} does not exist and the interpreter to create it ({python}) is missing; "
+            "build the Python layer first (tags: python)"
+        )
     rc, out, err = module.run_command([python, "-m", "venv", venv], environ_update={"LC_ALL": "C"})
     if rc != 0:
         module.fail_json(msg=f"creating the venv {venv} with {python} failed: {tail(err or out, 10)}")
@@ -221,16 +225,34 @@ def create_venv(module: AnsibleModule, python: str | None, venv: str) -> None:
 
 def install(module: AnsibleModule, venv: str, record: str) -> None:
     p = module.params
-    command = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--no-deps", "--require-hashes",
-               "--no-input", "--progress-bar", "off", *pip_source_args(p), *p["pip_extra_args"], "-r", record]
+    command = [
+        os.path.join(venv, "bin", "python"),
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--require-hashes",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        *pip_source_args(p),
+        *p["pip_extra_args"],
+        "-r",
+        record,
+    ]
     rc, out, err = module.run_command(command, environ_update=PIP_ENV)
     if rc != 0:
         output = (out or "") + "\n" + (err or "")
         refused = "DO NOT MATCH THE HASHES" in output
-        reason = "a wheel's sha256 is not the pinned one; the wheelhouse was altered or is stale" if refused \
+        reason = (
+            "a wheel's sha256 is not the pinned one; the wheelhouse was altered or is stale"
+            if refused
             else f"pip exited {rc}"
-        module.fail_json(msg=f"installing the lock into {venv} failed: {reason}. Last lines of pip:\n"
-                             f"{tail(output, p['log_lines'])}", hash_mismatch=refused)
+        )
+        module.fail_json(
+            msg=f"installing the lock into {venv} failed: {reason}. Last lines of pip:\n{tail(output, p['log_lines'])}",
+            hash_mismatch=refused,
+        )
 
 
 def uninstall(module: AnsibleModule, venv: str, names: list[str]) -> None:
@@ -286,10 +308,19 @@ def main() -> None:
         changed=installed is None or not action.empty or record_stale,
         created=installed is None,
         # `changed` is Ansible's own flag, so the packages moved to another version are `changed_packages`.
-        added=diff.added, changed_packages=diff.changed, removed=diff.removed, extra=diff.extra,
-        unchanged=diff.unchanged, packages=len(lock.entries), compared_with=compared,
-        diff=dict(before=environment_lines(reference, lock), after=after_text,
-                  before_header=f"{compared} (installed)", after_header=f"{venv} (lock)"),
+        added=diff.added,
+        changed_packages=diff.changed,
+        removed=diff.removed,
+        extra=diff.extra,
+        unchanged=diff.unchanged,
+        packages=len(lock.entries),
+        compared_with=compared,
+        diff=dict(
+            before=environment_lines(reference, lock),
+            after=after_text,
+            before_header=f"{compared} (installed)",
+            after_header=f"{venv} (lock)",
+        ),
     )
     if module.check_mode or not result["changed"]:
         module.exit_json(**result)
@@ -304,8 +335,11 @@ def main() -> None:
     final = installed_distributions(module, venv) or {}
     left = diff_against_lock(lock, final, p["remove"])
     if not left.empty:
-        module.fail_json(msg=f"{venv} still differs from the lock after the install: added {left.added}, "
-                             f"changed {left.changed}, removed {left.removed}", **result)
+        module.fail_json(
+            msg=f"{venv} still differs from the lock after the install: added {left.added}, "
+            f"changed {left.changed}, removed {left.removed}",
+            **result,
+        )
     os.replace(record + ".pending", record)
     module.exit_json(**result)
 

@@ -241,8 +241,7 @@ def probe(module: AnsibleModule, python: str) -> dict | None:
     """What the interpreter says about itself, run with an empty environment; None when it is absent."""
     if not os.path.exists(python):
         return None
-    rc, out, err = module.run_command([python, "-I", "-c", PROBE], environ_update={"LC_ALL": "C"},
-                                      check_rc=False)
+    rc, out, err = module.run_command([python, "-I", "-c", PROBE], environ_update={"LC_ALL": "C"}, check_rc=False)
     if rc != 0:
         # A shared build whose libpython cannot be found fails here: that build is not correct.
         return {"version": None, "shared": False, "config_args": "", "error": (err or out).strip()[-500:]}
@@ -262,8 +261,15 @@ def run_build(module: AnsibleModule, command: list[str], env: dict[str, str], lo
         log.write(("$ " + " ".join(command) + "\n").encode())
         log.flush()
         try:
-            process = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     env=env, timeout=module.params["timeout"], check=False)
+            process = subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=module.params["timeout"],
+                check=False,
+            )
             rc = process.returncode
         except subprocess.TimeoutExpired:
             log.write(f"\ngpufleet: build stopped after {module.params['timeout']} s\n".encode())
@@ -307,8 +313,17 @@ def run(module: AnsibleModule) -> None:
     target = build_prefix(p["pyenv_root"], p["version"], p["build_key"] or build_key(p["version"], definition, wanted))
     jobs = make_jobs(p["make_jobs"], len(os.sched_getaffinity(0)))
     log_path = os.path.join(p["log_dir"], f"python-build-{p['version']}.log")
-    result = dict(changed=False, built=False, python=python, prefix=link, build_prefix=target,
-                  serving=link_target(link), configure_opts=wanted, make_jobs=jobs, log=log_path)
+    result = dict(
+        changed=False,
+        built=False,
+        python=python,
+        prefix=link,
+        build_prefix=target,
+        serving=link_target(link),
+        configure_opts=wanted,
+        make_jobs=jobs,
+        log=log_path,
+    )
 
     before = probe(module, python)
     reasons = mismatches(before, p["version"], wanted)
@@ -322,10 +337,14 @@ def run(module: AnsibleModule) -> None:
     live = result["serving"] == os.path.realpath(target)
     staged = None if live else probe(module, interpreter_path(target, p["version"]))
     must_build = bool(mismatches(staged, p["version"], wanted))
-    result.update(changed=True, built=must_build, diff=dict(
-        before=f"{p['version']}: {'; '.join(reasons)}\n",
-        after=f"{p['version']}: configure {' '.join(wanted)} at {target}\n",
-    ))
+    result.update(
+        changed=True,
+        built=must_build,
+        diff=dict(
+            before=f"{p['version']}: {'; '.join(reasons)}\n",
+            after=f"{p['version']}: configure {' '.join(wanted)} at {target}\n",
+        ),
+    )
     if module.check_mode:
         module.exit_json(**result)
     if must_build:
@@ -334,32 +353,40 @@ def run(module: AnsibleModule) -> None:
     module.exit_json(**result)
 
 
-def build(module: AnsibleModule, definition: str, target: str, wanted: list[str], jobs: int, log_path: str,
-          result: dict) -> None:
+def build(
+    module: AnsibleModule, definition: str, target: str, wanted: list[str], jobs: int, log_path: str, result: dict
+) -> None:
     """Compiles into the key's own prefix; the version's link is not touched here, whatever happens."""
     p = module.params
-    env = build_environment(dict(os.environ), p["pyenv_root"], p["cache_path"], wanted, jobs,
-                            p["source_is_tgz"], p["build_tmpdir"])
+    env = build_environment(
+        dict(os.environ), p["pyenv_root"], p["cache_path"], wanted, jobs, p["source_is_tgz"], p["build_tmpdir"]
+    )
     # Only the key's own prefix is replaced: a half-built one from an earlier failure, or a wrong build.
     # It is the build in service only when that build is itself the broken one.
     if os.path.lexists(target):
         shutil.rmtree(target)
     rc, seconds = run_build(module, python_build_command(p["pyenv_root"], definition, target), env, log_path)
     result["build_seconds"] = seconds
-    served = f"the node still serves {result['prefix']} as before" if os.path.exists(result["python"]) else \
-        f"{result['prefix']} was not installed before either"
+    served = (
+        f"the node still serves {result['prefix']} as before"
+        if os.path.exists(result["python"])
+        else f"{result['prefix']} was not installed before either"
+    )
     if rc != 0:
         module.fail_json(
             msg=f"building CPython {p['version']} failed (python-build exit {rc}); {served}; last "
-                f"{p['log_lines']} lines of {log_path}:\n{log_tail(log_path, p['log_lines'])}",
+            f"{p['log_lines']} lines of {log_path}:\n{log_tail(log_path, p['log_lines'])}",
             **result,
         )
     built = probe(module, interpreter_path(target, p["version"]))
     still_wrong = mismatches(built, p["version"], wanted)
     if still_wrong:
         result["probe"] = built
-        module.fail_json(msg=f"CPython {p['version']} was built at {target} but is not the requested build: "
-                             f"{'; '.join(still_wrong)}; {served} (build log {log_path})", **result)
+        module.fail_json(
+            msg=f"CPython {p['version']} was built at {target} but is not the requested build: "
+            f"{'; '.join(still_wrong)}; {served} (build log {log_path})",
+            **result,
+        )
 
 
 def switch(module: AnsibleModule, link: str, target: str, result: dict) -> None:

@@ -100,7 +100,10 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.ray_cluster import (
-    alive_addresses, missing_members, parse_nodes, run_probe,
+    alive_addresses,
+    missing_members,
+    parse_nodes,
+    run_probe,
 )
 
 
@@ -126,13 +129,20 @@ def main() -> None:
         time.sleep(max(params["interval"], 1))
     if result is None:
         module.fail_json(msg=f"Ray cluster at {params['address']}: {error}", missing=missing, changed=False)
-    answer = dict(changed=False, nodes=nodes, alive=alive_addresses(nodes), missing=missing,
-                  # fail_json above never returns; ansible has no type hints that tell mypy so.
-                  versions=result["versions"])  # type: ignore[index]
+    answer = dict(
+        changed=False,
+        nodes=nodes,
+        alive=alive_addresses(nodes),
+        missing=missing,
+        # fail_json above never returns; ansible has no type hints that tell mypy so.
+        versions=result["versions"],
+    )  # type: ignore[index]
     if missing:
-        module.fail_json(msg=f"Ray cluster at {params['address']}: {', '.join(missing)} not listed alive "
-                             f"after {params['timeout']} s (alive: {', '.join(answer['alive']) or 'none'})",
-                         **answer)
+        module.fail_json(
+            msg=f"Ray cluster at {params['address']}: {', '.join(missing)} not listed alive "
+            f"after {params['timeout']} s (alive: {', '.join(answer['alive']) or 'none'})",
+            **answer,
+        )
     module.exit_json(**answer)
 
 

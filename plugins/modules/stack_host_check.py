@@ -160,16 +160,25 @@ ARGUMENT_SPEC = dict(
     stack=dict(type="dict"),
     compat_facts=dict(type="dict"),
 )
-FACT_KEYS = ("driver_version", "driver_cuda_version", "gpu_compute_capabilities", "torch_cuda", "torch_arch_list",
-             "nvcc_version", "torch_installed")
+FACT_KEYS = (
+    "driver_version",
+    "driver_cuda_version",
+    "gpu_compute_capabilities",
+    "torch_cuda",
+    "torch_arch_list",
+    "nvcc_version",
+    "torch_installed",
+)
 
 
 def run_module(module: AnsibleModule) -> dict:
     """Check the facts; returns the module result (never changed)."""
     compat_facts = module.params["compat_facts"]
     if not compat_facts:
-        module.fail_json(msg="compat_facts is empty: run stack_host_check through its action plugin (plugins/action) "
-                             "so the controller fills it from data/compat")
+        module.fail_json(
+            msg="compat_facts is empty: run stack_host_check through its action plugin (plugins/action) "
+            "so the controller fills it from data/compat"
+        )
     facts = dict((key, module.params[key]) for key in FACT_KEYS)
     try:
         report = check_host(facts, compat_facts, stack=module.params["stack"])
@@ -191,9 +200,14 @@ def main() -> None:
     for item in result["stack_warnings"]:
         module.warn("[%s] %s" % (item["link"], item["message"]))
     if result["errors"]:
-        module.fail_json(msg="the node's stack is not consistent (%d error(s)): %s" % (
-            len(result["errors"]), " | ".join("[%s] %s" % (item["link"], item["message"]) for item in result["errors"])),
-            **result)
+        module.fail_json(
+            msg="the node's stack is not consistent (%d error(s)): %s"
+            % (
+                len(result["errors"]),
+                " | ".join("[%s] %s" % (item["link"], item["message"]) for item in result["errors"]),
+            ),
+            **result,
+        )
     module.exit_json(msg="the node's stack is consistent (%d warning(s))" % len(result["stack_warnings"]), **result)
 
 

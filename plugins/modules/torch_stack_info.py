@@ -465,8 +465,9 @@ def main() -> None:
         for capability in params["gpu_capabilities"]:
             parse_capability(capability)
         interpreter = resolve_interpreter(params["venv"], params["python"])
-        parsed = run_probe(interpreter, inspect.getsource(torch_probe_script), probe_options(params),
-                           params["timeout"], module.tmpdir)
+        parsed = run_probe(
+            interpreter, inspect.getsource(torch_probe_script), probe_options(params), params["timeout"], module.tmpdir
+        )
     except (ArchError, ProbeError) as exc:
         module.fail_json(msg=str(exc))
 
@@ -475,8 +476,10 @@ def main() -> None:
     report["diagnosis"] = diagnose(report)
     report["expect_mismatches"] = check_expect(report, params["expect"])
     if not report["probe"]["complete"]:
-        module.warn("the probe stopped in section %s (%s): the result holds what it gathered before"
-                    % (report["probe"]["stopped_in"], report["probe"]["exit"]))
+        module.warn(
+            "the probe stopped in section %s (%s): the result holds what it gathered before"
+            % (report["probe"]["stopped_in"], report["probe"]["exit"])
+        )
     if report["expect_mismatches"]:
         module.fail_json(msg=mismatch_message(report["expect_mismatches"]), changed=False, **report)
     module.exit_json(changed=False, **report)

@@ -52,8 +52,7 @@ def run_ansible(inventory: Path, pattern: str, module: str, args: str = "", time
         command = [str(BIN / "ansible"), "-i", str(inventory), pattern, "-m", module, "--tree", tree]
         if args:
             command += ["-a", args]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=PROJECT_ROOT,
-                                check=False)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=PROJECT_ROOT, check=False)
         results = {path.name: json.loads(path.read_text()) for path in Path(tree).iterdir()}
     failed = {host: r for host, r in results.items() if r.get("failed") or r.get("unreachable")}
     assert result.returncode == 0 and not failed, (

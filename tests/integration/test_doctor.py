@@ -38,9 +38,17 @@ def node(lab_hosts: dict[str, dict]) -> str:
 
 
 def doctor(inventory: Path, node: str) -> tuple[int, dict[str, Any]]:
-    result = subprocess.run([sys.executable, "-m", "gpufleet", "doctor", "-i", str(inventory), "--limit", node,
-                             "--json"], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=600, check=False)
-    assert result.returncode in (0, 1), f"doctor failed (rc {result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "doctor", "-i", str(inventory), "--limit", node, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode in (0, 1), (
+        f"doctor failed (rc {result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    )
     return result.returncode, json.loads(result.stdout)
 
 
@@ -93,10 +101,14 @@ def test_wrong_key_between_proxy_and_vllm(lab_inventory: Path, ansible: AnsibleR
     # The proxy's key for vllm@main (the node's vllm_service_api_key) replaced by another, nginx reloaded. The
     # key is read into a variable on the node: on a command line it would land in the node's journal (the shell
     # module logs its arguments there), where test_secrets rightly finds it.
-    read_key = "key=$(sed -n 's/^VLLM_API_KEY=\"\\(.*\\)\"$/\\1/p' /etc/vllm/main.env) && test -n \"$key\""
-    shell(ansible, node, f"{read_key} && cp -p {PROXY_CONF} /root/h5-proxy.conf.saved && "
-                         f"sed -i \"s/Bearer $key\\\"/Bearer wrong-key\\\"/\" {PROXY_CONF} && "
-                         f"! grep -q \"Bearer $key\\\"\" {PROXY_CONF} && systemctl reload nginx")
+    read_key = 'key=$(sed -n \'s/^VLLM_API_KEY="\\(.*\\)"$/\\1/p\' /etc/vllm/main.env) && test -n "$key"'
+    shell(
+        ansible,
+        node,
+        f"{read_key} && cp -p {PROXY_CONF} /root/h5-proxy.conf.saved && "
+        f'sed -i "s/Bearer $key\\"/Bearer wrong-key\\"/" {PROXY_CONF} && '
+        f'! grep -q "Bearer $key\\"" {PROXY_CONF} && systemctl reload nginx',
+    )
     try:
         finding = first(doctor(lab_inventory, node)[1])
     finally:
@@ -107,9 +119,27 @@ def test_wrong_key_between_proxy_and_vllm(lab_inventory: Path, ansible: AnsibleR
 @pytest.fixture
 def other_torch(tmp_path: Path) -> Iterator[str]:
     """PyPI's torch OTHER_TORCH wheel for the nodes' Python, on the lab mirror; its URL path."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                    "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "--dest", str(tmp_path),
-                    f"torch=={OTHER_TORCH}"], check=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--dest",
+            str(tmp_path),
+            f"torch=={OTHER_TORCH}",
+        ],
+        check=True,
+        timeout=600,
+    )
     wheel = next(tmp_path.glob(f"torch-{OTHER_TORCH}-*.whl"))
     url_path = mirror.publish(wheel, f"_tests/doctor/{wheel.name}")
     yield url_path
@@ -126,8 +156,9 @@ def lab_torch_wheel() -> str:
     return "/" + str(wheel.relative_to(mirror.mirror_dir()))
 
 
-def test_torch_swapped_for_another_variant(lab_inventory: Path, lab_hosts: dict[str, dict], ansible: AnsibleRunner,
-                                           node: str, other_torch: str) -> None:
+def test_torch_swapped_for_another_variant(
+    lab_inventory: Path, lab_hosts: dict[str, dict], ansible: AnsibleRunner, node: str, other_torch: str
+) -> None:
     # What `pip install torch` does to a venv: PyPI's build replaces the variant index's, without its nvidia-*
     # wheels (--no-deps), so it does not even import. The instances keep the torch they loaded.
     url = lab_hosts[node]["gpufleet_mirror_url"]
@@ -138,8 +169,10 @@ def test_torch_swapped_for_another_variant(lab_inventory: Path, lab_hosts: dict[
     finally:
         shell(ansible, node, f"{PIP} --force-reinstall {url}{lab_torch_wheel()}")
     assert finding["id"] == "torch-variant-changed", finding
-    assert finding["evidence"] == (f"the serving venv has torch {OTHER_TORCH} (PyPI's default build, from no variant "
-                                   "index, not importable) but the stack declares variant cpu")
+    assert finding["evidence"] == (
+        f"the serving venv has torch {OTHER_TORCH} (PyPI's default build, from no variant "
+        "index, not importable) but the stack declares variant cpu"
+    )
     assert "reinstall the venv from its lock" in finding["fix"]
     assert shell(ansible, node, f"{VENV}/bin/python -c 'import torch; print(torch.__version__)'") == "2.13.0+cpu"
     assert shell(ansible, node, "systemctl show -p NRestarts --value vllm@main vllm@greedy") == restarts
@@ -153,16 +186,24 @@ def main_port() -> int:
 def test_an_instance_configured_beyond_the_node_memory(lab_inventory: Path, ansible: AnsibleRunner, node: str) -> None:
     # More KV cache than the node has: vLLM's CPU worker refuses it at start, and systemd restarts it in a loop.
     env = "/etc/vllm/main.env"
-    shell(ansible, node, f"cp -p {env} /root/h13-main.env.saved && "
-                         f"sed -i 's/^VLLM_CPU_KVCACHE_SPACE=.*/VLLM_CPU_KVCACHE_SPACE=\"4096\"/' {env} && "
-                         f"grep -q '^VLLM_CPU_KVCACHE_SPACE=\"4096\"' {env} && systemctl restart vllm@main && "
-                         "for i in $(seq 100); do journalctl -b -u vllm@main -n 200 -o cat -q | "
-                         "grep -q 'less than requested memory for kv' && exit 0; sleep 3; done; exit 1")
+    shell(
+        ansible,
+        node,
+        f"cp -p {env} /root/h13-main.env.saved && "
+        f"sed -i 's/^VLLM_CPU_KVCACHE_SPACE=.*/VLLM_CPU_KVCACHE_SPACE=\"4096\"/' {env} && "
+        f"grep -q '^VLLM_CPU_KVCACHE_SPACE=\"4096\"' {env} && systemctl restart vllm@main && "
+        "for i in $(seq 100); do journalctl -b -u vllm@main -n 200 -o cat -q | "
+        "grep -q 'less than requested memory for kv' && exit 0; sleep 3; done; exit 1",
+    )
     try:
         finding = first(doctor(lab_inventory, node)[1])
     finally:
-        shell(ansible, node, f"mv /root/h13-main.env.saved {env} && systemctl restart vllm@main && "
-                             f"for i in $(seq 200); do curl -sf -o /dev/null http://127.0.0.1:{main_port()}/health "
-                             "&& exit 0; sleep 3; done; exit 1")
+        shell(
+            ansible,
+            node,
+            f"mv /root/h13-main.env.saved {env} && systemctl restart vllm@main && "
+            f"for i in $(seq 200); do curl -sf -o /dev/null http://127.0.0.1:{main_port()}/health "
+            "&& exit 0; sleep 3; done; exit 1",
+        )
     assert finding["id"] == "kv-cache-beyond-memory", finding
     assert "(4096.0 GiB)" in finding["evidence"] and "VLLM_CPU_KVCACHE_SPACE" in finding["fix"]

@@ -87,19 +87,35 @@ def tampered(lab_inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[str]:
         assert rc == 0 and text.strip().endswith("enabled"), text
 
 
-def test_drift_sees_the_effective_state_and_agrees_with_provision(lab_inventory: Path, tampered: str,
-                                                                  tmp_path: Path) -> None:
+def test_drift_sees_the_effective_state_and_agrees_with_provision(
+    lab_inventory: Path, tampered: str, tmp_path: Path
+) -> None:
     host = tampered
-    drift = gpufleet(tmp_path, "drift", "-i", str(lab_inventory), "--limit", host, "--layers", "driver,venv,serve",
-                     "--out", str(tmp_path / "report"))
+    drift = gpufleet(
+        tmp_path,
+        "drift",
+        "-i",
+        str(lab_inventory),
+        "--limit",
+        host,
+        "--layers",
+        "driver,venv,serve",
+        "--out",
+        str(tmp_path / "report"),
+    )
     assert drift.returncode == 2, drift.stdout + drift.stderr
     report = last_report(tmp_path)
     serve = {item[:2]: item for item in findings(report, host, "serve")}
     for instance in ("main", "greedy"):
         check = f"service vllm@{instance}.service"
-        assert serve[(check, "drop-ins")][3] == json.dumps(sorted([
-            "/etc/systemd/system/vllm@.service.d/tamper.conf",
-            f"/etc/systemd/system/vllm@{instance}.service.d/gpufleet.conf"]))
+        assert serve[(check, "drop-ins")][3] == json.dumps(
+            sorted(
+                [
+                    "/etc/systemd/system/vllm@.service.d/tamper.conf",
+                    f"/etc/systemd/system/vllm@{instance}.service.d/gpufleet.conf",
+                ]
+            )
+        )
     assert serve[("service vllm@greedy.service", "enabled")][2:] == ("true", "enabled-runtime")
     venv = [item for item in findings(report, host, "venv") if item[1].endswith("/idna/package_data.py")]
     assert len(venv) == 1 and venv[0][2].startswith("sha256=") and venv[0][3].startswith("sha256="), venv

@@ -113,17 +113,29 @@ def test_an_untouched_converged_fleet_reports_no_drift(fleet: tuple[Path, str, s
     report = last_report(runs)
     for host in (tampered, untouched):
         assert {layer: item.status for layer, item in report.nodes[host].layers.items()} == {
-            layer: "ok" for layer in LAYERS.split(",")}
+            layer: "ok" for layer in LAYERS.split(",")
+        }
 
 
 def test_the_serve_layer_compares_each_declared_instance_and_keeps_its_key_secret(
-        fleet: tuple[Path, str, str], runs: Path) -> None:
+    fleet: tuple[Path, str, str], runs: Path
+) -> None:
     inventory, _, untouched = fleet
     # An instance no node runs: everything of it is missing, whether or not vllm_service runs others there.
     instance = {"name": "drift-probe", "model": f"{MODELS}/tiny-qwen2", "port": 8099, "gpus": []}
     secret = "drift-test-key-0123456789"
-    result = gpufleet(runs, "drift", "-i", str(inventory), "--limit", untouched, "--layers", "serve",
-                      "-e", json.dumps({"vllm_service_instances": [instance], "vllm_service_api_key": secret}))
+    result = gpufleet(
+        runs,
+        "drift",
+        "-i",
+        str(inventory),
+        "--limit",
+        untouched,
+        "--layers",
+        "serve",
+        "-e",
+        json.dumps({"vllm_service_instances": [instance], "vllm_service_api_key": secret}),
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     serve = findings(last_report(runs), untouched, "serve")
     assert ("file /etc/systemd/system/vllm@drift-probe.service.d/gpufleet.conf", "exists", "present", "absent") in serve
@@ -133,21 +145,35 @@ def test_the_serve_layer_compares_each_declared_instance_and_keeps_its_key_secre
     assert health[1:3] == ("status", "200") and health[3].startswith("no answer")
     # Only the env file's digest travels: the key is in no report and no event of the run.
     run = sorted(runs.iterdir())[-1]
-    leaked = [path for path in run.rglob("*") if path.is_file() and path.parent.name != "env"
-              and secret in path.read_text(errors="replace")]
+    leaked = [
+        path
+        for path in run.rglob("*")
+        if path.is_file() and path.parent.name != "env" and secret in path.read_text(errors="replace")
+    ]
     assert leaked == []
 
 
 def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
-        fleet: tuple[Path, str, str], runs: Path, other_version: str, lab_hosts: dict[str, dict]) -> None:
+    fleet: tuple[Path, str, str], runs: Path, other_version: str, lab_hosts: dict[str, dict]
+) -> None:
     inventory, tampered, untouched = fleet
     rc, text = sh(inventory, tampered, tamper_script(lab_hosts[tampered]["gpufleet_mirror_url"] + other_version))
     assert rc == 0, text
     before = {host: manifest(inventory, host) for host in (tampered, untouched)}
 
     clean_run = sorted(runs.iterdir())[0].name
-    result = gpufleet(runs, "drift", "-i", str(inventory), "--limit", f"{tampered},{untouched}", "--layers", LAYERS,
-                      "--since", clean_run)
+    result = gpufleet(
+        runs,
+        "drift",
+        "-i",
+        str(inventory),
+        "--limit",
+        f"{tampered},{untouched}",
+        "--layers",
+        LAYERS,
+        "--since",
+        clean_run,
+    )
 
     for host in (tampered, untouched):
         assert_unchanged(before[host], manifest(inventory, host), host)
@@ -169,8 +195,10 @@ def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
     driver = findings(report, tampered, "driver")
     assert ("NVIDIA driver", "loaded", "580.95.05", "570.133.20") in driver
     assert ("service nvidia-persistenced", "active", "active", "inactive (dead)") in driver
-    assert {("file /etc/systemd/system/nvidia-persistenced.service", "content"),
-            ("service nvidia-persistenced", "loaded unit")} <= pairs("driver")
+    assert {
+        ("file /etc/systemd/system/nvidia-persistenced.service", "content"),
+        ("service nvidia-persistenced", "loaded unit"),
+    } <= pairs("driver")
 
     health = {(field, expected, actual) for _, field, expected, actual in findings(report, tampered, "gpu_health")}
     assert {("ecc_errors", "0", "7"), ("persistence", "true", "false")} <= health
@@ -189,16 +217,25 @@ def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
 
     model = findings(report, tampered, "model")
     assert ("model tiny-qwen2", "file model.safetensors") in pairs("model")
-    assert ("model tiny-qwen2-greedy", "generation_config.json", '{"temperature": 0.0}', '{"temperature": 0.5}') in model
+    assert (
+        "model tiny-qwen2-greedy",
+        "generation_config.json",
+        '{"temperature": 0.0}',
+        '{"temperature": 0.5}',
+    ) in model
 
     changes = result.stdout.split(f"changes since {clean_run}", 1)[1]
     assert f"  {tampered} toolkit: ok -> drifted" in changes
-    assert f"  {tampered} toolkit: new drift: link /usr/local/cuda: target: /usr/local/cuda-13.0 -> /usr/local/cuda-12.8" in changes
+    assert (
+        f"  {tampered} toolkit: new drift: link /usr/local/cuda: target: /usr/local/cuda-13.0 -> /usr/local/cuda-12.8"
+        in changes
+    )
     assert untouched not in changes
 
 
-def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(fleet: tuple[Path, str, str],
-                                                                       runs: Path) -> None:
+def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
+    fleet: tuple[Path, str, str], runs: Path
+) -> None:
     inventory, tampered, untouched = fleet
     # ECC errors are the GPU's own: no rebuild clears them (the report would keep them); the GPU is serviced.
     rc, text = sh(inventory, tampered, f"{SIMGPUCTL} ecc-errors --gpu 0 0")
@@ -207,17 +244,32 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(fleet: tu
     booted = boot_id(inventory, tampered)
     # The venv in service (its inode: a new venv is a new directory) and the installers' logs (rewritten by
     # every install).
-    installed = ("stat -c %i $(readlink -f /opt/gpufleet/venvs/current); "
-                 "stat -c %Y /var/log/nvidia-installer.log /var/log/cuda-installer.log")
+    installed = (
+        "stat -c %i $(readlink -f /opt/gpufleet/venvs/current); "
+        "stat -c %Y /var/log/nvidia-installer.log /var/log/cuda-installer.log"
+    )
     rc, before = sh(inventory, tampered, installed)
     assert rc == 0, before
 
-    result = gpufleet(runs, "rebuild", "-i", str(inventory), "--limit", tampered, "--layers", LAYERS,
-                      "--full", "--reinstall", "driver,toolkit")
+    result = gpufleet(
+        runs,
+        "rebuild",
+        "-i",
+        str(inventory),
+        "--limit",
+        tampered,
+        "--layers",
+        LAYERS,
+        "--full",
+        "--reinstall",
+        "driver,toolkit",
+    )
 
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr
-    assert ("rebuild: layers base, driver, toolkit, python, venv, kernels, model (full rebuild; a new venv; "
-            "models staged again from their tarballs: tiny-qwen2)") in result.stdout
+    assert (
+        "rebuild: layers base, driver, toolkit, python, venv, kernels, model (full rebuild; a new venv; "
+        "models staged again from their tarballs: tiny-qwen2)"
+    ) in result.stdout
     assert boot_id(inventory, tampered) != booted, "the driver layer rebooted the node to load driver 580.95.05"
     rc, after = sh(inventory, tampered, installed)
     assert rc == 0, after
@@ -225,13 +277,18 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(fleet: tu
     venv_after, *logs_after = after.split()
     assert venv_after != venv_before, "the venv was built again"
     assert all(new > old for old, new in zip(logs_before, logs_after, strict=True)), (
-        f"the driver and toolkit installers ran again: log times {logs_before} -> {logs_after}")
+        f"the driver and toolkit installers ran again: log times {logs_before} -> {logs_after}"
+    )
     report = last_report(runs)
     assert list(report.nodes) == [tampered]
     assert {item.status for item in report.nodes[tampered].layers.values()} == {"ok"}
     assert_unchanged(other_before, manifest(inventory, untouched), untouched)
     # The driver's reinstall stopped the instances and no serve layer ran (--layers leaves it out): the run's
     # last play started them again, health-gated, so the node serves through its proxy.
-    serving = sh(inventory, tampered, "systemctl is-active vllm@main vllm@greedy; "
-                                      "curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health")[1]
+    serving = sh(
+        inventory,
+        tampered,
+        "systemctl is-active vllm@main vllm@greedy; "
+        "curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health",
+    )[1]
     assert serving.split() == ["active", "active", "200"], serving

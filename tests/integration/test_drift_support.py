@@ -22,8 +22,16 @@ BIN = Path(sys.executable).parent
 LAYERS = "base,driver,gpu_health,toolkit,python,venv,kernels,model"
 CONVERGE_PLAYBOOKS = ("base", "driver", "toolkit", "python", "venv", "kernels", "model")
 # Everything the layers' roles write, and where a drift run could write if it wrote at all.
-TREES = ("/etc", "/opt", "/usr/local", "/var/lib/gpufleet", "/var/lib/nvidia", "/var/cache/gpufleet",
-         "/var/log/gpufleet", "/var/lib/vllm")
+TREES = (
+    "/etc",
+    "/opt",
+    "/usr/local",
+    "/var/lib/gpufleet",
+    "/var/lib/nvidia",
+    "/var/cache/gpufleet",
+    "/var/log/gpufleet",
+    "/var/lib/vllm",
+)
 # Every entry with type, mode, owner, size, link target and change time (ctime moves on any write or
 # chmod, and cannot be set back); every regular file outside the venvs also with its sha256. The venvs'
 # 3.5 GB are left to ctime, which a write cannot avoid, to keep the suite fast.
@@ -40,9 +48,11 @@ rm -f /tmp/.gpufleet-trees
 def fill_mirror(inventory: Path) -> None:
     """The lab mirror's artifacts of every converged layer (each builder is cached and checks its pins)."""
     publish_standins()
-    for command in ([sys.executable, str(PROJECT_ROOT / "lab" / "builders" / "python_stack.py")],
-                    [str(BIN / "gpufleet"), "wheelhouse", "build", "-i", str(inventory)],
-                    [sys.executable, str(PROJECT_ROOT / "lab" / "builders" / "make_tiny_model.py")]):
+    for command in (
+        [sys.executable, str(PROJECT_ROOT / "lab" / "builders" / "python_stack.py")],
+        [str(BIN / "gpufleet"), "wheelhouse", "build", "-i", str(inventory)],
+        [sys.executable, str(PROJECT_ROOT / "lab" / "builders" / "make_tiny_model.py")],
+    ):
         result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=3600, check=False)
         assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
 
@@ -66,19 +76,36 @@ def converge(inventory: Path, limit: str) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="gpufleet-converge-") as directory:
         book = Path(directory) / "converge.yml"
-        book.write_text("".join(f"- name: Converge {name}\n  ansible.builtin.import_playbook: "
-                                f"{PROJECT_ROOT / 'playbooks' / name}.yml\n" for name in CONVERGE_PLAYBOOKS))
-        result = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", limit, str(book)],
-                                capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=5400, check=False,
-                                env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")))
+        book.write_text(
+            "".join(
+                f"- name: Converge {name}\n  ansible.builtin.import_playbook: {PROJECT_ROOT / 'playbooks' / name}.yml\n"
+                for name in CONVERGE_PLAYBOOKS
+            )
+        )
+        result = subprocess.run(
+            [str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", limit, str(book)],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=5400,
+            check=False,
+            env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
+        )
     assert result.returncode == 0, f"converging {limit} failed:\n{result.stdout[-6000:]}{result.stderr[-2000:]}"
     _CONVERGED.add((str(inventory), limit))
 
 
 def gpufleet(runs: Path, *arguments: str, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, GPUFLEET_RUNS_DIR=str(runs))
-    result = subprocess.run([str(BIN / "gpufleet"), *arguments], capture_output=True, text=True, cwd=PROJECT_ROOT,
-                            env=env, timeout=timeout, check=False)
+    result = subprocess.run(
+        [str(BIN / "gpufleet"), *arguments],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
     # Shown with pytest -rP: what the operator would have seen.
     print(f"$ gpufleet {' '.join(arguments)}  -> exit {result.returncode}\n{result.stdout}{result.stderr}")
     return result
@@ -103,6 +130,12 @@ def assert_unchanged(before: list[str], after: list[str], host: str) -> None:
 
 def findings(report: FleetReport, host: str, layer: str) -> set[tuple[str, str, str, str]]:
     """(check, field, expected, actual) of a layer's drift, values as text."""
-    return {(item.check, item.field, json.dumps(item.expected) if not isinstance(item.expected, str) else item.expected,
-             json.dumps(item.actual) if not isinstance(item.actual, str) else item.actual)
-            for item in report.nodes[host].layers[layer].drift}
+    return {
+        (
+            item.check,
+            item.field,
+            json.dumps(item.expected) if not isinstance(item.expected, str) else item.expected,
+            json.dumps(item.actual) if not isinstance(item.actual, str) else item.actual,
+        )
+        for item in report.nodes[host].layers[layer].drift
+    }

@@ -109,8 +109,9 @@ def test_wrong_checksum_refused_before_any_change(inventory: Path, host: str, fe
     standins = publish_standins()
     real = standins[f"NVIDIA-Linux-x86_64-{NEW}.run"]
     url = "{{ gpufleet_mirror_url }}/nvidia/NVIDIA-Linux-x86_64-" + NEW + ".run"
-    run = driver(inventory, host, NEW, nvidia_driver_runfile={"url": url, "sha256": pinned},
-                 gpufleet_artifact_fetch=fetch)
+    run = driver(
+        inventory, host, NEW, nvidia_driver_runfile={"url": url, "sha256": pinned}, gpufleet_artifact_fetch=fetch
+    )
     assert run.rc != 0, run.describe()
     assert pinned in run.output and real in run.output, "both hashes are printed"
     assert run.changed == 0, run.describe()
@@ -158,8 +159,12 @@ def test_hold_policy_holds_the_installed_kernel_packages(inventory: Path, host: 
         run = driver(inventory, host, NEW, nvidia_driver_kernel_protection="hold")
         assert run.rc == 0 and run.changed > 0, run.describe()
         rc, held = sh(inventory, host, "apt-mark showhold")
-        rc, installed = sh(inventory, host, "dpkg-query -W -f '${Package} ${db:Status-Status}\\n' 'linux-*' "
-                                            "| awk '$2 == \"installed\" && $1 ~ /^linux-(image|headers|modules)-/ {print $1}'")
+        rc, installed = sh(
+            inventory,
+            host,
+            "dpkg-query -W -f '${Package} ${db:Status-Status}\\n' 'linux-*' "
+            "| awk '$2 == \"installed\" && $1 ~ /^linux-(image|headers|modules)-/ {print $1}'",
+        )
         assert installed.split(), "the lab installs kernel headers packages, so there is something to hold"
         assert sorted(held.split()) == sorted(installed.split())
         # Debian 13's headers pull their kernel image, held with them (the lab leaves only its files out).
@@ -181,7 +186,8 @@ def test_pending_reboot_with_reboot_never_fails_clearly(inventory: Path, host: s
     run = driver(inventory, host, OLD, nvidia_driver_allow_downgrade=True, nvidia_driver_reboot="never")
     assert run.rc != 0, run.describe()
     assert f"reboot pending on {host}: driver {OLD} is installed but the loaded kernel module is another version" in (
-        " ".join(run.output.split()))
+        " ".join(run.output.split())
+    )
     assert driver_on_disk(inventory, host) == OLD
     rc, text = smi(inventory, host)
     assert rc == 18 and "Driver/library version mismatch" in text, "the node is half-switched, as a real one"

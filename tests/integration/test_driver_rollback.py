@@ -61,11 +61,25 @@ def _driver_on_disk(inventory: Path, host: str) -> str:
 
 def _new_runfile_on(inventory: Path, host: str) -> str:
     """The NEW stand-in, copied to the host as an operator would before running it by hand."""
-    built = subprocess.run([sys.executable, str(PROJECT_ROOT / "lab" / "runfiles" / "build.py"), "--json"],
-                           capture_output=True, text=True, check=True, cwd=PROJECT_ROOT, timeout=300)
+    built = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "lab" / "runfiles" / "build.py"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=PROJECT_ROOT,
+        timeout=300,
+    )
     path = next(item["path"] for item in json.loads(built.stdout) if NEW in item["name"])
-    command = [str(Path(sys.executable).parent / "ansible"), "-i", str(inventory), host, "-m", "ansible.builtin.copy",
-               "-a", f"src={path} dest=/root/gpufleet-test-new.run mode=0700"]
+    command = [
+        str(Path(sys.executable).parent / "ansible"),
+        "-i",
+        str(inventory),
+        host,
+        "-m",
+        "ansible.builtin.copy",
+        "-a",
+        f"src={path} dest=/root/gpufleet-test-new.run mode=0700",
+    ]
     assert subprocess.run(command, capture_output=True, check=False, cwd=PROJECT_ROOT, timeout=300).returncode == 0
     return "/root/gpufleet-test-new.run"
 
@@ -83,13 +97,20 @@ def test_the_installer_refuses_a_module_in_use(inventory: Path, host: str) -> No
     assert _driver_on_disk(inventory, host) == OLD, "nothing was installed or removed"
 
 
-def test_a_failed_upgrade_stops_the_instances_first_and_puts_the_previous_driver_back(inventory: Path, host: str) -> None:
-    rc, text = sh(inventory, host, f"mkdir -p {Path(FAIL_MARKER).parent} && echo 'driver {NEW}' > {FAIL_MARKER} && "
-                                   f"systemctl is-active {HOLDER}")
+def test_a_failed_upgrade_stops_the_instances_first_and_puts_the_previous_driver_back(
+    inventory: Path, host: str
+) -> None:
+    rc, text = sh(
+        inventory,
+        host,
+        f"mkdir -p {Path(FAIL_MARKER).parent} && echo 'driver {NEW}' > {FAIL_MARKER} && systemctl is-active {HOLDER}",
+    )
     assert rc == 0 and text.strip() == "active", text
     run = play(inventory, host, "driver.yml", extra={"nvidia_driver_version": NEW})
     assert run.rc != 0, run.describe()
-    stopping = run.output.split("Stop the services and serving instances that hold the GPUs open] ***")[1].split("TASK [")[0]
+    stopping = run.output.split("Stop the services and serving instances that hold the GPUs open] ***")[1].split(
+        "TASK ["
+    )[0]
     assert f"changed: [{host}] => (item={HOLDER})" in stopping, run.describe()
     assert "failure injected half-way through the installation" in run.output
     assert BUSY not in run.output, "nothing held the module when the installer ran"

@@ -41,7 +41,11 @@ def publish_standins() -> dict[str, str]:
     """Builds and publishes the LAB-STANDIN runfiles; returns file name -> sha256."""
     result = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "lab" / "runfiles" / "build.py"), "--publish", "--json"],
-        capture_output=True, text=True, check=False, cwd=PROJECT_ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=PROJECT_ROOT,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     return {item["name"]: item["sha256"] for item in json.loads(result.stdout.split("published in")[0])}
@@ -49,13 +53,21 @@ def publish_standins() -> dict[str, str]:
 
 def play(inventory: Path, host: str, playbook: str, *args: str, extra: dict | None = None) -> PlayRun:
     """Runs playbooks/<playbook> limited to host, with extra vars as JSON; never raises on failure."""
-    command = [str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", host,
-               str(PROJECT_ROOT / "playbooks" / playbook), *args]
+    command = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        "--limit",
+        host,
+        str(PROJECT_ROOT / "playbooks" / playbook),
+        *args,
+    ]
     if extra:
         command += ["-e", json.dumps(extra)]
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-    result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=PROJECT_ROOT, env=env,
-                            timeout=1500)
+    result = subprocess.run(
+        command, capture_output=True, text=True, check=False, cwd=PROJECT_ROOT, env=env, timeout=1500
+    )
     output = result.stdout + result.stderr
     recap: dict[str, int] = {}
     match = re.search(rf"^{re.escape(host)}\s+:\s+(.*)$", output, re.MULTILINE)
@@ -70,8 +82,18 @@ def play(inventory: Path, host: str, playbook: str, *args: str, extra: dict | No
 def sh(inventory: Path, host: str, script: str) -> tuple[int, str]:
     """Runs a shell script on the host through ansible; returns (rc, stdout + stderr) of the script."""
     with tempfile.TemporaryDirectory(prefix="gpufleet-sh-") as tree:
-        command = [str(BIN / "ansible"), "-i", str(inventory), host, "-m", "ansible.builtin.shell", "-a", script,
-                   "--tree", tree]
+        command = [
+            str(BIN / "ansible"),
+            "-i",
+            str(inventory),
+            host,
+            "-m",
+            "ansible.builtin.shell",
+            "-a",
+            script,
+            "--tree",
+            tree,
+        ]
         subprocess.run(command, capture_output=True, text=True, check=False, cwd=PROJECT_ROOT, timeout=600)
         result = json.loads((Path(tree) / host).read_text())
     assert "rc" in result, f"ansible could not run the command on {host}: {result}"
@@ -89,8 +111,9 @@ def runfile_test_inventory(lab_inventory: Path) -> Path:
     return Path(os.environ.get("GPUFLEET_RUNFILE_TEST_INVENTORY") or lab_inventory)
 
 
-def runfile_test_host(inventory: Path, lab_hosts: dict[str, dict], clean: str,
-                      restore: str | None = None) -> Iterator[str]:
+def runfile_test_host(
+    inventory: Path, lab_hosts: dict[str, dict], clean: str, restore: str | None = None
+) -> Iterator[str]:
     """The last lab host (or GPUFLEET_RUNFILE_TEST_HOST), cleaned by the script `clean` before and after the
     scenario; the stand-ins published first. `restore` (a playbook) then gives the host back as the lab
     declares it: later tests serve on it, and vLLM's GPU health gate needs the driver the stack declares."""

@@ -81,18 +81,50 @@ def fabric_check(inventory: Path, host: str, version: str) -> tuple[int, dict]:
     """nvidia_fabric_manager on the host as the role's last step runs it; (ansible's rc, the module's result)."""
     args = json.dumps({"driver_version": version, "service_active": True})
     with tempfile.TemporaryDirectory(prefix="gpufleet-ansible-") as tree:
-        result = subprocess.run([str(Path(sys.executable).parent / "ansible"), "-i", str(inventory), host, "-m",
-                                 "gpufleet.fleet.nvidia_fabric_manager", "-a", args, "--tree", tree],
-                                capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300, check=False)
+        result = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ansible"),
+                "-i",
+                str(inventory),
+                host,
+                "-m",
+                "gpufleet.fleet.nvidia_fabric_manager",
+                "-a",
+                args,
+                "--tree",
+                tree,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=300,
+            check=False,
+        )
         return result.returncode, json.loads((Path(tree) / host).read_text())
 
 
 def drift_findings(inventory: Path, host: str) -> list[tuple]:
     """`gpufleet drift --layers driver` on the host: (check, field, expected, actual) of each finding."""
     with tempfile.TemporaryDirectory(prefix="gpufleet-drift-") as out:
-        result = subprocess.run([str(Path(sys.executable).parent / "gpufleet"), "drift", "-i", str(inventory), "--limit",
-                                 host, "--layers", "driver", "--out", out], capture_output=True, text=True,
-                                cwd=PROJECT_ROOT, timeout=300, check=False)
+        result = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "gpufleet"),
+                "drift",
+                "-i",
+                str(inventory),
+                "--limit",
+                host,
+                "--layers",
+                "driver",
+                "--out",
+                out,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=300,
+            check=False,
+        )
         report = json.loads((Path(out) / "report.json").read_text())
     layer = report["nodes"][host]["layers"]["driver"]
     assert result.returncode in (0, 2) and not layer["errors"], result.stdout + result.stderr
@@ -100,7 +132,8 @@ def drift_findings(inventory: Path, host: str) -> list[tuple]:
 
 
 def test_the_driver_layer_installs_and_runs_the_drivers_fabric_manager_and_refuses_another(
-        lab_inventory: Path, hgx_host: str, ansible) -> None:
+    lab_inventory: Path, hgx_host: str, ansible
+) -> None:
     sums = publish_standins()
     version = driver_version(lab_inventory, hgx_host)
     other = next(name for name in sums if name.startswith("fabricmanager-") and f"-{version}-" not in name)
@@ -113,10 +146,18 @@ def test_the_driver_layer_installs_and_runs_the_drivers_fabric_manager_and_refus
 
     first = play(lab_inventory, hgx_host, "driver.yml")
     assert first.rc == 0 and first.changed > 0, first.describe()
-    rc, out = sh(lab_inventory, hgx_host, "systemctl is-active nvidia-fabricmanager.service; systemctl is-enabled "
-                 "nvidia-fabricmanager.service; nv-fabricmanager --version; readlink /usr/lib/x86_64-linux-gnu/libnvfm.so")
-    assert rc == 0 and out.split("\n")[:4] == ["active", "enabled", f"Fabric Manager version is : {version}",
-                                               "libnvfm.so.1"], out
+    rc, out = sh(
+        lab_inventory,
+        hgx_host,
+        "systemctl is-active nvidia-fabricmanager.service; systemctl is-enabled "
+        "nvidia-fabricmanager.service; nv-fabricmanager --version; readlink /usr/lib/x86_64-linux-gnu/libnvfm.so",
+    )
+    assert rc == 0 and out.split("\n")[:4] == [
+        "active",
+        "enabled",
+        f"Fabric Manager version is : {version}",
+        "libnvfm.so.1",
+    ], out
     rc, checked = fabric_check(lab_inventory, hgx_host, version)
     assert rc == 0 and checked["nvswitch"] and checked["fabric_manager_version"] == version, checked
     # The running stand-in trained the simulated fabric, as nvidia-fabricmanager does.
@@ -129,9 +170,15 @@ def test_the_driver_layer_installs_and_runs_the_drivers_fabric_manager_and_refus
 
     # Another driver's fabric manager binary in place of this one's: refused, naming both versions.
     other_version, top = other.split("-")[3], other[: -len(".tar.xz")]
-    ansible(hgx_host, "ansible.builtin.copy", f"src={mirror.mirror_dir() / 'nvidia' / other} dest=/tmp/{other} mode=0600")
-    rc, out = sh(lab_inventory, hgx_host, f"tar -xJf /tmp/{other} -C /tmp && install -m 0755 "
-                 f"/tmp/{top}/bin/nv-fabricmanager /usr/bin/nv-fabricmanager && rm -rf /tmp/{other} /tmp/{top}")
+    ansible(
+        hgx_host, "ansible.builtin.copy", f"src={mirror.mirror_dir() / 'nvidia' / other} dest=/tmp/{other} mode=0600"
+    )
+    rc, out = sh(
+        lab_inventory,
+        hgx_host,
+        f"tar -xJf /tmp/{other} -C /tmp && install -m 0755 "
+        f"/tmp/{top}/bin/nv-fabricmanager /usr/bin/nv-fabricmanager && rm -rf /tmp/{other} /tmp/{top}",
+    )
     assert rc == 0, out
     rc, refused = fabric_check(lab_inventory, hgx_host, version)
     assert rc != 0 and refused["fabric_manager_version"] == other_version, refused
@@ -139,10 +186,17 @@ def test_the_driver_layer_installs_and_runs_the_drivers_fabric_manager_and_refus
     assert drift_findings(lab_inventory, hgx_host) == [("nvidia-fabricmanager", "version", version, other_version)]
 
     # A fabric manager installed from apt beside it: the driver layer refuses with the fix and installs nothing.
-    rc, out = sh(lab_inventory, hgx_host, f"""set -e; d=$(mktemp -d); mkdir $d/DEBIAN
+    rc, out = sh(
+        lab_inventory,
+        hgx_host,
+        f"""set -e; d=$(mktemp -d); mkdir $d/DEBIAN
 printf 'Package: {APT_PACKAGE}\\nVersion: {version}-1\\nArchitecture: all\\nMaintainer: gpufleet tests <tests@invalid>\\nDescription: gpufleet test package named as the apt fabric manager\\n' > $d/DEBIAN/control
-dpkg-deb --build $d $d.deb > /dev/null && dpkg -i $d.deb > /dev/null && rm -rf $d $d.deb""")
+dpkg-deb --build $d $d.deb > /dev/null && dpkg -i $d.deb > /dev/null && rm -rf $d $d.deb""",
+    )
     assert rc == 0, out
     refused_apt = play(lab_inventory, hgx_host, "driver.yml")
     assert refused_apt.rc != 0 and refused_apt.changed == 0, refused_apt.describe()
-    assert f"{APT_PACKAGE} installed from apt" in refused_apt.output and f"apt-get purge {APT_PACKAGE}" in refused_apt.output
+    assert (
+        f"{APT_PACKAGE} installed from apt" in refused_apt.output
+        and f"apt-get purge {APT_PACKAGE}" in refused_apt.output
+    )

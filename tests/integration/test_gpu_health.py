@@ -22,12 +22,19 @@ def shell(ansible: AnsibleRunner, node: str, command: str) -> str:
 
 
 def serve(inventory: Path, node: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", node, "playbooks/serve.yml"],
-                          capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=900, check=False)
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", node, "playbooks/serve.yml"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=900,
+        check=False,
+    )
 
 
-def test_an_xid_keeps_the_instance_stopped_and_drift_reports_it(lab_inventory: Path, lab_hosts: dict[str, dict],
-                                                                 ansible: AnsibleRunner, tmp_path: Path) -> None:
+def test_an_xid_keeps_the_instance_stopped_and_drift_reports_it(
+    lab_inventory: Path, lab_hosts: dict[str, dict], ansible: AnsibleRunner, tmp_path: Path
+) -> None:
     node = sorted(lab_hosts)[0]
     shell(ansible, node, f"systemctl stop vllm@greedy.service && {CTL} xid 79")
     try:
@@ -37,10 +44,15 @@ def test_an_xid_keeps_the_instance_stopped_and_drift_reports_it(lab_inventory: P
         assert "GPU has fallen off the bus" in gated.stdout
         assert shell(ansible, node, "systemctl is-active vllm@greedy.service || true") == "inactive"
 
-        drift = subprocess.run([str(BIN / "gpufleet"), "drift", "-i", str(lab_inventory), "--limit", node,
-                                "--layers", "gpu_health"], capture_output=True, text=True, cwd=PROJECT_ROOT,
-                               env={**os.environ, "GPUFLEET_RUNS_DIR": str(tmp_path)}, timeout=600,
-                               check=False)
+        drift = subprocess.run(
+            [str(BIN / "gpufleet"), "drift", "-i", str(lab_inventory), "--limit", node, "--layers", "gpu_health"],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "GPUFLEET_RUNS_DIR": str(tmp_path)},
+            timeout=600,
+            check=False,
+        )
         assert drift.returncode == 2, drift.stdout + drift.stderr
         report = load_report(next(tmp_path.glob("*-drift")) / "drift")
         layer = report.nodes[node].layers["gpu_health"]

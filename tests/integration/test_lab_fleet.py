@@ -26,13 +26,20 @@ pytestmark = pytest.mark.lab
 
 
 def gpufleet(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "gpufleet"), *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=PROJECT_ROOT, check=False)
+    return subprocess.run(
+        [str(BIN / "gpufleet"), *args], capture_output=True, text=True, timeout=timeout, cwd=PROJECT_ROOT, check=False
+    )
 
 
 def test_ansible_ping_on_every_host(lab_inventory: Path, lab_hosts: dict[str, dict]) -> None:
-    result = subprocess.run([str(BIN / "ansible"), "-i", str(lab_inventory), "gpu_nodes", "-m", "ping"],
-                            capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT, check=False)
+    result = subprocess.run(
+        [str(BIN / "ansible"), "-i", str(lab_inventory), "gpu_nodes", "-m", "ping"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=PROJECT_ROOT,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     for name in lab_hosts:
         assert re.search(rf"^{name} \| SUCCESS", result.stdout, re.MULTILINE), result.stdout
@@ -51,8 +58,7 @@ def test_lab_status_reports_every_host_up(lab_hosts: dict[str, dict]) -> None:
     assert re.search(r"^mirror .*: healthy$", result.stdout, re.M)
 
 
-def test_reboot_gives_a_new_boot_id_and_the_host_comes_back(ansible: AnsibleRunner,
-                                                            lab_hosts: dict[str, dict]) -> None:
+def test_reboot_gives_a_new_boot_id_and_the_host_comes_back(ansible: AnsibleRunner, lab_hosts: dict[str, dict]) -> None:
     host = list(lab_hosts)[-1]
     boot_id = "cat /proc/sys/kernel/random/boot_id"
     before = ansible(host, "command", boot_id)[host]["stdout"]
@@ -69,21 +75,25 @@ def test_apt_installs_through_the_mirror(ansible: AnsibleRunner, lab_hosts: dict
     suite = RELEASES[lab_hosts[host]["gpufleet_lab_os"]].suite
     sources = ansible(host, "command", "cat /etc/apt/sources.list")[host]["stdout"]
     assert f"deb {lab_hosts[host]['gpufleet_mirror_url']}/debian {suite} main" in sources
-    script = ("apt-get purge -y -q jq >/dev/null; apt-get update -q && apt-get install -y -q jq && "
-              "dpkg-query -W -f '${Version}' jq && echo && jq --version")
+    script = (
+        "apt-get purge -y -q jq >/dev/null; apt-get update -q && apt-get install -y -q jq && "
+        "dpkg-query -W -f '${Version}' jq && echo && jq --version"
+    )
     *_, version, shown = ansible(host, "shell", script, timeout=900)[host]["stdout"].splitlines()
     # jq-1.6 from bookworm's 1.6-2.1, jq-1.7.1 from trixie's: the release's package, installed and running.
     assert shown == f"jq-{version.rsplit('-', 1)[0]}", (version, shown)
 
 
-def test_mirror_serves_a_published_file_to_every_host(ansible: AnsibleRunner, lab_hosts: dict[str, dict],
-                                                      tmp_path: Path) -> None:
+def test_mirror_serves_a_published_file_to_every_host(
+    ansible: AnsibleRunner, lab_hosts: dict[str, dict], tmp_path: Path
+) -> None:
     source = tmp_path / "artifact.bin"
     source.write_bytes(os.urandom(256 * 1024))
     url_path = mirror.publish(source, f"_tests/{uuid.uuid4().hex}/artifact.bin")
     try:
-        results = ansible("gpu_nodes", "shell",
-                          f"curl -fsS {{{{ gpufleet_mirror_url }}}}{url_path} | sha256sum | cut -d' ' -f1")
+        results = ansible(
+            "gpu_nodes", "shell", f"curl -fsS {{{{ gpufleet_mirror_url }}}}{url_path} | sha256sum | cut -d' ' -f1"
+        )
         expected = hashlib.sha256(source.read_bytes()).hexdigest()
         assert {host: r["stdout"] for host, r in results.items()} == {host: expected for host in lab_hosts}
     finally:
@@ -107,8 +117,11 @@ class SeparateLab:
 
     def traces(self) -> list[str]:
         """Everything of this lab still on the machine: namespaces, veths, processes, locks, directories."""
-        found = [f"netns {n}" for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                                                       check=True).stdout.split() if n.startswith(f"{self.prefix}-")]
+        found = [
+            f"netns {n}"
+            for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
+            if n.startswith(f"{self.prefix}-")
+        ]
         links = json.loads(subprocess.run(["ip", "-json", "link"], capture_output=True, text=True, check=True).stdout)
         found += [f"veth {link['ifname']}" for link in links if link["ifname"].startswith(f"ve-{self.prefix}-")]
         for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -30,8 +30,16 @@ def cached(inventory: Path, node: str) -> set[str]:
 
 
 def prune(inventory: Path, node: str, retention: int, check: bool) -> str:
-    command = [str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", node, "playbooks/prune.yml",
-               "-e", json.dumps({"artifact_node_cache_retention": retention})] + (["--check"] if check else [])
+    command = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        "--limit",
+        node,
+        "playbooks/prune.yml",
+        "-e",
+        json.dumps({"artifact_node_cache_retention": retention}),
+    ] + (["--check"] if check else [])
     result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=600, check=False)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     return result.stdout
@@ -39,7 +47,9 @@ def prune(inventory: Path, node: str, retention: int, check: bool) -> str:
 
 def said(output: str) -> tuple[int, str]:
     """(how many entries, the files) of the role's 'would remove / removed N cached artifact(s)' line."""
-    found = re.search(r"(?:would remove|removed) (\d+) cached artifact\(s\), [^(]*\(([^)]*)\)", " ".join(output.split()))
+    found = re.search(
+        r"(?:would remove|removed) (\d+) cached artifact\(s\), [^(]*\(([^)]*)\)", " ".join(output.split())
+    )
     assert found, output[-3000:]
     return int(found.group(1)), found.group(2)
 
@@ -50,8 +60,11 @@ def planted(lab_inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[tuple[s
     before = cached(lab_inventory, node)
     assert before, f"{node}'s artifact cache is empty: the suite's converged lab copies its artifacts there"
     # Older than anything the lab cached: 2001-01-0N.
-    plant = "; ".join(f"mkdir {CACHE}/{sha} && head -c 1000 /dev/zero > {CACHE}/{sha}/{name} && "
-                      f"touch -d 2001-01-0{index + 1} {CACHE}/{sha}" for index, (sha, name) in enumerate(PLANTED.items()))
+    plant = "; ".join(
+        f"mkdir {CACHE}/{sha} && head -c 1000 /dev/zero > {CACHE}/{sha}/{name} && "
+        f"touch -d 2001-01-0{index + 1} {CACHE}/{sha}"
+        for index, (sha, name) in enumerate(PLANTED.items())
+    )
     rc, text = sh(lab_inventory, node, f"set -e; {plant}; echo '{json.dumps({'sha256': RECORDED})}' > {RECORD}")
     assert rc == 0, text
     yield node, before
@@ -59,7 +72,8 @@ def planted(lab_inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[tuple[s
 
 
 def test_prune_keeps_what_the_node_uses_and_its_records_and_removes_old_entries(
-        lab_inventory: Path, planted: tuple[str, set[str]]) -> None:
+    lab_inventory: Path, planted: tuple[str, set[str]]
+) -> None:
     node, real = planted
     # Retention 0, check mode: every entry neither declared nor recorded is listed, nothing is removed.
     count, files = said(prune(lab_inventory, node, retention=0, check=True))

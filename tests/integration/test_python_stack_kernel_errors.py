@@ -56,13 +56,30 @@ PLAYBOOK = """
 def _failure(tmp_path: Path, inventory: Path, host: str, package: dict) -> dict:
     book, result_file = tmp_path / "play.yml", tmp_path / "result.json"
     book.write_text(PLAYBOOK)
-    extra = {"target": host, "venv": VENV, "result_file": str(result_file), "flash_attn_venv": VENV,
-             "flash_attn_packages": [package], "flash_attn_arch_list": "9.0",
-             "flash_attn_cuda_home": NO_CUDA_HOME}
+    extra = {
+        "target": host,
+        "venv": VENV,
+        "result_file": str(result_file),
+        "flash_attn_venv": VENV,
+        "flash_attn_packages": [package],
+        "flash_attn_arch_list": "9.0",
+        "flash_attn_cuda_home": NO_CUDA_HOME,
+    }
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
     process = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(book), "-e", json.dumps(extra)],
-        capture_output=True, text=True, cwd=REPO, env=env, check=False,
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            str(book),
+            "-e",
+            json.dumps(extra),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        check=False,
     )
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-2000:]
     assert result_file.exists(), "the role was expected to fail:\n" + process.stdout[-3000:]
@@ -76,8 +93,11 @@ def test_a_cuda_kernel_without_nvcc_is_refused(tmp_path: Path, lab_inventory: Pa
     assert "install the CUDA toolkit (tag toolkit) or set flash_attn_cuda_home" in failure["msg"]
 
 
-def test_a_kernel_without_torch_in_the_venv_is_refused(tmp_path: Path, lab_inventory: Path,
-                                                      lab_hosts: dict[str, dict]) -> None:
+def test_a_kernel_without_torch_in_the_venv_is_refused(
+    tmp_path: Path, lab_inventory: Path, lab_hosts: dict[str, dict]
+) -> None:
     failure = _failure(tmp_path, lab_inventory, sorted(lab_hosts)[0], LAB_KERNEL)
-    assert failure["msg"].startswith("torch is not importable in the venv (ModuleNotFoundError: No module named 'torch')")
+    assert failure["msg"].startswith(
+        "torch is not importable in the venv (ModuleNotFoundError: No module named 'torch')"
+    )
     assert "built without build isolation against the venv's torch; install the venv first" in failure["msg"]

@@ -78,10 +78,13 @@ def wheelhouse(tmp_path: Path) -> Iterator[tuple[str, Path, str]]:
     name = f"_tests/python-stack-{uuid.uuid4().hex[:8]}"
     genuine = tmp_path / "genuine"
     wheels = [make_wheel(genuine, "demo-app", "1.0"), make_wheel(genuine, "demo-lib", "2.0")]
-    lock = pip_lock.format_lock({"stack": "tamper-test"}, [
-        pip_lock.LockEntry(w.name.split("-")[0].replace("_", "-"), w.name.split("-")[1], (sha256(w),), w.name)
-        for w in wheels
-    ])
+    lock = pip_lock.format_lock(
+        {"stack": "tamper-test"},
+        [
+            pip_lock.LockEntry(w.name.split("-")[0].replace("_", "-"), w.name.split("-")[1], (sha256(w),), w.name)
+            for w in wheels
+        ],
+    )
     yield name, genuine, lock
     shutil.rmtree(mirror.mirror_dir() / name, ignore_errors=True)
 
@@ -105,16 +108,27 @@ def _run(tmp_path: Path, inventory: Path, host: str, lock: str, url_path: str) -
     extra = {"target": host, "venv": VENV, "lock": lock, "url_path": url_path, "result_file": str(result_file)}
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
     process = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(book), "-e", json.dumps(extra)],
-        capture_output=True, text=True, cwd=REPO, env=env, check=False,
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            str(book),
+            "-e",
+            json.dumps(extra),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        check=False,
     )
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-2000:]
     return json.loads(result_file.read_text())
 
 
-def test_tampered_wheel_is_refused_and_the_genuine_one_installs(tmp_path: Path, lab_inventory: Path,
-                                                                lab_hosts: dict[str, dict],
-                                                                wheelhouse: tuple[str, Path, str]) -> None:
+def test_tampered_wheel_is_refused_and_the_genuine_one_installs(
+    tmp_path: Path, lab_inventory: Path, lab_hosts: dict[str, dict], wheelhouse: tuple[str, Path, str]
+) -> None:
     host = sorted(lab_hosts)[0]
     name, genuine, lock = wheelhouse
     tampered = tmp_path / "tampered"

@@ -29,8 +29,10 @@ from tests.integration.conftest import AnsibleRunner
 
 # Run with GPUFLEET_TEST_RAY=1 (it passed on a private two-host lab in 174 s): left out of `make test` while the
 # suite is over its 60-minute budget on CI.
-pytestmark = pytest.mark.skipif(os.environ.get("GPUFLEET_TEST_RAY") != "1",
-                                reason="issue 17: the Ray cluster lab test runs with GPUFLEET_TEST_RAY=1")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("GPUFLEET_TEST_RAY") != "1",
+    reason="issue 17: the Ray cluster lab test runs with GPUFLEET_TEST_RAY=1",
+)
 
 BIN = Path(sys.executable).parent
 VENV = "/opt/gpufleet/venvs/current"
@@ -54,15 +56,19 @@ refs = [where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group
 print(json.dumps(sorted(ray.get(refs, timeout=120))))
 """
 NO_RAY_ON_CPU = "from vllm.platforms import current_platform as p; print(p.device_name, repr(p.ray_device_key))"
-UNIT_RSS_KIB = ("cg=$(systemctl show -P ControlGroup {unit}); "
-                "ps -o rss= -p \"$(paste -sd, /sys/fs/cgroup$cg/cgroup.procs)\" | awk '{{s += $1}} END {{print s}}'")
+UNIT_RSS_KIB = (
+    "cg=$(systemctl show -P ControlGroup {unit}); "
+    "ps -o rss= -p \"$(paste -sd, /sys/fs/cgroup$cg/cgroup.procs)\" | awk '{{s += $1}} END {{print s}}'"
+)
 # vLLM's own answer to serving the lab's tiny model across the two members (pipeline parallel 2 on Ray), as the
 # service account on the head: its last lines and exit status. A port no instance uses.
-SERVE_ACROSS = ("cd /tmp && RAY_ADDRESS={gcs} timeout 300 runuser -u vllm -- {venv}/bin/python -m vllm.entrypoints.openai.api_server "
-                "--model /var/lib/gpufleet/models/tiny-qwen2 --dtype bfloat16 --max-model-len 512 --enforce-eager "
-                "--distributed-executor-backend ray --pipeline-parallel-size 2 --port 8097 > /tmp/gpufleet-ray-vllm.log 2>&1; "
-                "status=$?; grep -E 'Error|error' /tmp/gpufleet-ray-vllm.log | tail -3; echo \"exit status $status\"; "
-                "rm -f /tmp/gpufleet-ray-vllm.log")
+SERVE_ACROSS = (
+    "cd /tmp && RAY_ADDRESS={gcs} timeout 300 runuser -u vllm -- {venv}/bin/python -m vllm.entrypoints.openai.api_server "
+    "--model /var/lib/gpufleet/models/tiny-qwen2 --dtype bfloat16 --max-model-len 512 --enforce-eager "
+    "--distributed-executor-backend ray --pipeline-parallel-size 2 --port 8097 > /tmp/gpufleet-ray-vllm.log 2>&1; "
+    "status=$?; grep -E 'Error|error' /tmp/gpufleet-ray-vllm.log | tail -3; echo \"exit status $status\"; "
+    "rm -f /tmp/gpufleet-ray-vllm.log"
+)
 
 
 def members(inventory: Path) -> dict[str, str]:
@@ -73,15 +79,27 @@ def members(inventory: Path) -> dict[str, str]:
 
 
 def playbook(inventory: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/ray_cluster.yml",
-                           "-e", ON], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=900, check=False)
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/ray_cluster.yml", "-e", ON],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=900,
+        check=False,
+    )
 
 
 def drift(inventory: Path, runs: Path) -> tuple[int, object]:
     """`gpufleet drift` of the ray_cluster layer with the cluster declared: (exit code, report)."""
-    result = subprocess.run([str(BIN / "gpufleet"), "drift", "-i", str(inventory), "--layers", "ray_cluster", "-e", ON],
-                            capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=600, check=False,
-                            env={**os.environ, "GPUFLEET_RUNS_DIR": str(runs)})
+    result = subprocess.run(
+        [str(BIN / "gpufleet"), "drift", "-i", str(inventory), "--layers", "ray_cluster", "-e", ON],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=600,
+        check=False,
+        env={**os.environ, "GPUFLEET_RUNS_DIR": str(runs)},
+    )
     reports = sorted(runs.glob("*-drift"))
     assert reports, result.stdout + result.stderr
     return result.returncode, load_report(reports[-1] / "drift")
@@ -92,9 +110,25 @@ def cluster_info(inventory: Path, node: str, address: str, expect: list[str], ti
     failed module carries no `failed` key on ansible-core 2.19)."""
     args = json.dumps({"venv": VENV, "address": address, "members": expect, "timeout": timeout})
     with tempfile.TemporaryDirectory(prefix="gpufleet-ray-") as tree:
-        ran = subprocess.run([str(BIN / "ansible"), "-i", str(inventory), node, "-m", "gpufleet.fleet.ray_cluster_info",
-                              "-a", args, "--tree", tree], capture_output=True, text=True, cwd=PROJECT_ROOT,
-                             timeout=timeout + 300, check=False)
+        ran = subprocess.run(
+            [
+                str(BIN / "ansible"),
+                "-i",
+                str(inventory),
+                node,
+                "-m",
+                "gpufleet.fleet.ray_cluster_info",
+                "-a",
+                args,
+                "--tree",
+                tree,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=timeout + 300,
+            check=False,
+        )
         return {**json.loads((Path(tree) / node).read_text()), "failed": ran.returncode != 0}
 
 
@@ -103,20 +137,27 @@ def shell(ansible: AnsibleRunner, node: str, command: str) -> str:
 
 
 def recap_changed(output: str) -> dict[str, int]:
-    return {line.split()[0]: int(line.split("changed=")[1].split()[0])
-            for line in output.splitlines() if " changed=" in line and ":" in line}
+    return {
+        line.split()[0]: int(line.split("changed=")[1].split()[0])
+        for line in output.splitlines()
+        if " changed=" in line and ":" in line
+    }
 
 
 def remove_cluster(ansible: AnsibleRunner) -> None:
     """The lab as the suite had it: no Ray unit, no Ray state."""
-    ansible(GROUP, "ansible.builtin.shell",
-            "systemctl disable --now ray-head.service ray-worker.service 2>/dev/null; "
-            "rm -f /etc/systemd/system/ray-head.service /etc/systemd/system/ray-worker.service; "
-            "systemctl daemon-reload; rm -rf /var/lib/vllm/ray")
+    ansible(
+        GROUP,
+        "ansible.builtin.shell",
+        "systemctl disable --now ray-head.service ray-worker.service 2>/dev/null; "
+        "rm -f /etc/systemd/system/ray-head.service /etc/systemd/system/ray-worker.service; "
+        "systemctl daemon-reload; rm -rf /var/lib/vllm/ray",
+    )
 
 
 def test_the_lab_cluster_forms_runs_on_both_members_and_recovers_a_lost_worker(
-        lab_inventory: Path, ansible: AnsibleRunner, tmp_path: Path) -> None:
+    lab_inventory: Path, ansible: AnsibleRunner, tmp_path: Path
+) -> None:
     try:
         form_check_and_break(lab_inventory, ansible, tmp_path)
     finally:
@@ -145,15 +186,21 @@ def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path
     assert listed[head]["versions"]["ray"] == "2.60.0" and listed[head]["versions"]["vllm"] == "0.32.0"
 
     script = base64.b64encode(SPREAD.encode()).decode()
-    ran_on = shell(ansible, head, f"echo {script} | base64 -d > /tmp/gpufleet-ray-spread.py && "
-                                  f"runuser -u vllm -- {VENV}/bin/python /tmp/gpufleet-ray-spread.py {gcs}; "
-                                  "status=$?; rm -f /tmp/gpufleet-ray-spread.py; exit $status")
+    ran_on = shell(
+        ansible,
+        head,
+        f"echo {script} | base64 -d > /tmp/gpufleet-ray-spread.py && "
+        f"runuser -u vllm -- {VENV}/bin/python /tmp/gpufleet-ray-spread.py {gcs}; "
+        "status=$?; rm -f /tmp/gpufleet-ray-spread.py; exit $status",
+    )
     assert json.loads(ran_on.splitlines()[-1]) == sorted(everyone)
     assert shell(ansible, head, f"{VENV}/bin/python -c '{NO_RAY_ON_CPU}'").splitlines()[-1] == "cpu ''"
 
     # The lab has no memory accounting (MemoryCurrent is [not set]): the resident memory of the unit's processes.
-    memory = {node: int(shell(ansible, node, UNIT_RSS_KIB.format(unit=f"ray-{kind}.service"))) // 1024
-              for node, kind in ((head, "head"), (worker, "worker"))}
+    memory = {
+        node: int(shell(ansible, node, UNIT_RSS_KIB.format(unit=f"ray-{kind}.service"))) // 1024
+        for node, kind in ((head, "head"), (worker, "worker"))
+    }
     refused = shell(ansible, head, SERVE_ACROSS.format(venv=VENV, gcs=gcs))
     exit_status = int(refused.split("exit status ")[-1])
     assert exit_status not in (0, 124) and "current platform cpu does not support ray." in refused, refused
@@ -167,7 +214,9 @@ def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path
         assert any(n["address"] == worker_address and not n["alive"] for n in lost["nodes"])
         code, report = drift(lab_inventory, runs / "lost")
         assert code == 2
-        head_findings = [(item.field, item.expected, item.actual) for item in report.nodes[head].layers["ray_cluster"].drift]
+        head_findings = [
+            (item.field, item.expected, item.actual) for item in report.nodes[head].layers["ray_cluster"].drift
+        ]
         assert head_findings == [(f"member {worker}", "alive", "dead")], head_findings
         assert report.nodes[worker].layers["ray_cluster"].status == "drifted"
     finally:
@@ -183,12 +232,18 @@ def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path
     shell(ansible, worker, "systemctl kill --signal=SIGKILL ray-worker.service")
     # The head lists a killed worker alive until its heartbeats time out: the rejoin is asked after systemd has
     # started the worker again (RestartSec).
-    shell(ansible, worker, "for _ in $(seq 120); do "
-                           f"[ \"$(systemctl show -P NRestarts ray-worker.service)\" -gt {restarts} ] && exit 0; "
-                           "sleep 1; done; echo 'ray-worker was not restarted'; exit 1")
+    shell(
+        ansible,
+        worker,
+        "for _ in $(seq 120); do "
+        f'[ "$(systemctl show -P NRestarts ray-worker.service)" -gt {restarts} ] && exit 0; '
+        "sleep 1; done; echo 'ray-worker was not restarted'; exit 1",
+    )
     rejoined = cluster_info(lab_inventory, head, gcs, everyone, 180)
     assert not rejoined.get("failed"), rejoined
     ended = time.monotonic()
-    print(f"ray cluster: converge x2 {converged - started:.0f} s, checks {checked - converged:.0f} s, "
-          f"stop/detect/rejoin {detected - checked:.0f} s, crash/rejoin {ended - detected:.0f} s; "
-          f"resident memory MiB {memory}; vLLM across the cluster: {refused.splitlines()[-2]}")
+    print(
+        f"ray cluster: converge x2 {converged - started:.0f} s, checks {checked - converged:.0f} s, "
+        f"stop/detect/rejoin {detected - checked:.0f} s, crash/rejoin {ended - detected:.0f} s; "
+        f"resident memory MiB {memory}; vLLM across the cluster: {refused.splitlines()[-2]}"
+    )

@@ -46,17 +46,32 @@ def test_more_than_one_node_is_refused_before_anything_runs(fleet: tuple[Path, s
     inventory, first, second = fleet
     result = gpufleet(tmp_path, "rebuild", "-i", str(inventory), "--limit", f"{first},{second}")
     assert result.returncode == 1
-    assert result.stderr.strip() == (f"gpufleet: error: --limit {first},{second} matches 2 nodes ({first}, {second}): "
-                                     "rebuild takes one node; name one, or pass --allow-many to rebuild all of them")
+    assert result.stderr.strip() == (
+        f"gpufleet: error: --limit {first},{second} matches 2 nodes ({first}, {second}): "
+        "rebuild takes one node; name one, or pass --allow-many to rebuild all of them"
+    )
     assert not any(tmp_path.iterdir())
 
 
 def test_the_playbook_itself_refuses_a_play_of_two_nodes(fleet: tuple[Path, str, str]) -> None:
     inventory, first, second = fleet
     result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", f"{first},{second}",
-         str(PROJECT_ROOT / "playbooks" / "rebuild.yml"), "-e", json.dumps({"rebuild_layers": ["base"]})],
-        capture_output=True, text=True, cwd=PROJECT_ROOT, check=False, timeout=300)
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            "--limit",
+            f"{first},{second}",
+            str(PROJECT_ROOT / "playbooks" / "rebuild.yml"),
+            "-e",
+            json.dumps({"rebuild_layers": ["base"]}),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        check=False,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "this play would rebuild 2 nodes" in result.stdout and "rebuild takes one node" in result.stdout
     # any_errors_fatal: no later play (stopping instances, rebuilding layers) started on either node.

@@ -26,12 +26,16 @@ pytestmark = pytest.mark.lab
 
 SERVE_VARS = Path(__file__).resolve().parents[2] / "inventories" / "lab" / "group_vars" / "all" / "serve.yml"
 # What one node serves: the venv and model links, the unit configuration, which instances run, and since when.
-SERVING = ("readlink /opt/gpufleet/venvs/current /var/lib/gpufleet/models/*; "
-           "sha256sum /etc/systemd/system/vllm@.service /etc/systemd/system/vllm@*.service.d/gpufleet.conf "
-           "/etc/vllm/*.env /var/lib/gpufleet/vllm/*.started")
+SERVING = (
+    "readlink /opt/gpufleet/venvs/current /var/lib/gpufleet/models/*; "
+    "sha256sum /etc/systemd/system/vllm@.service /etc/systemd/system/vllm@*.service.d/gpufleet.conf "
+    "/etc/vllm/*.env /var/lib/gpufleet/vllm/*.started"
+)
 RUNNING = "systemctl is-active vllm@main vllm@greedy; systemctl show -p ActiveEnterTimestamp vllm@main vllm@greedy"
-THROUGH_PROXY = ("curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health; "
-                 "test -e /etc/gpufleet/drain && echo drained || echo not-drained")
+THROUGH_PROXY = (
+    "curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health; "
+    "test -e /etc/gpufleet/drain && echo drained || echo not-drained"
+)
 
 
 @pytest.fixture()
@@ -62,7 +66,8 @@ def state(inventory: Path, node: str, script: str) -> str:
 
 
 def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
-        nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path) -> None:
+    nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path
+) -> None:
     inventory, failing, other = nodes
     before = {node: state(inventory, node, SERVING) for node in (failing, other)}
     # What the rollback must give back: the converged lab serves both instances on each node.
@@ -72,21 +77,41 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
     # gate so the test does not wait the lab's ten minutes, and a restart delay longer than the gate, so the
     # rollback finds the instance in its crash loop's auto-restart (service_facts calls that "stopped").
     defaults = yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instance_defaults"]
-    (host_vars / f"{failing}.yml").write_text(yaml.safe_dump({
-        "vllm_service_instance_defaults": {**defaults, "extra_args": ["--gpufleet-no-such-option"]},
-        "vllm_service_health_timeout": 45, "vllm_service_restart_sec": 60}))
-    (host_vars / f"{other}.yml").write_text(yaml.safe_dump({
-        "vllm_service_instance_defaults": {**defaults, "max_num_seqs": 8}}))
+    (host_vars / f"{failing}.yml").write_text(
+        yaml.safe_dump(
+            {
+                "vllm_service_instance_defaults": {**defaults, "extra_args": ["--gpufleet-no-such-option"]},
+                "vllm_service_health_timeout": 45,
+                "vllm_service_restart_sec": 60,
+            }
+        )
+    )
+    (host_vars / f"{other}.yml").write_text(
+        yaml.safe_dump({"vllm_service_instance_defaults": {**defaults, "max_num_seqs": 8}})
+    )
 
-    result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--limit", f"{failing},{other}",
-                      "--max-unavailable", "1", "--layers", "serve,proxy")
+    result = gpufleet(
+        tmp_path,
+        "upgrade",
+        "-i",
+        str(inventory),
+        "--limit",
+        f"{failing},{other}",
+        "--max-unavailable",
+        "1",
+        "--layers",
+        "serve,proxy",
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-6000:]
     assert re.search(rf"upgrade: {failing}: layers serve, proxy", output), output[-6000:]
-    assert re.search(rf"upgrade: {failing}: rolled_back \(layers serve, proxy, [0-9.]+ s\) - .*health did not answer 2xx",
-                     output), output[-6000:]
+    assert re.search(
+        rf"upgrade: {failing}: rolled_back \(layers serve, proxy, [0-9.]+ s\) - .*health did not answer 2xx", output
+    ), output[-6000:]
     # Why, in vLLM's own words: the last error line of the instance's journal.
-    assert "last error: api_server.py: error: unrecognized arguments: --gpufleet-no-such-option" in output, output[-6000:]
+    assert "last error: api_server.py: error: unrecognized arguments: --gpufleet-no-such-option" in output, output[
+        -6000:
+    ]
     assert "rolled back to what it served before" in output
     assert f"upgrade: {other}: not started" in output
     assert f"gpufleet: error: the rollout stopped: {failing}: rolled_back" in output
@@ -104,7 +129,8 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
 
 
 def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
-        lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path) -> None:
+    lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
+) -> None:
     inventory, node = lab_inventory, sorted(lab_hosts)[0]
     site = "sha256sum /etc/nginx/conf.d/gpufleet-inference.conf"
     site_before = state(inventory, node, site)
@@ -119,7 +145,8 @@ def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-6000:]
     assert re.search(rf"upgrade: {node}: rolled_back \(layers proxy, [0-9.]+ s\) - .*Status code was 502", output), (
-        output[-6000:])
+        output[-6000:]
+    )
 
     # nginx serves the site of before again, and the instances, which a proxy change does not stop, never stopped.
     assert state(inventory, node, site) == site_before
@@ -128,7 +155,8 @@ def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
 
 
 def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
-        nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path) -> None:
+    nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path
+) -> None:
     inventory, node, cordoned = nodes
     result = gpufleet(tmp_path, "cordon", "-i", str(inventory), cordoned, "--reason", "rollout test")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -142,7 +170,9 @@ def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
         output = result.stdout + result.stderr
         assert result.returncode == 0, output[-6000:]
         assert f"{cordoned}: cordoned: rollout test" in output
-        assert re.search(rf"upgrade: {cordoned}: skipped - cordoned: rollout test; cordoned, not touched", output), output
+        assert re.search(rf"upgrade: {cordoned}: skipped - cordoned: rollout test; cordoned, not touched", output), (
+            output
+        )
         assert f"upgrade: {node}: unchanged" in output
 
         result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--limit", cordoned, "--layers", "proxy")
@@ -161,7 +191,8 @@ def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
 
 
 def test_an_instance_out_of_service_before_an_upgrade_stays_so(
-        lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path: Path) -> None:
+    lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path: Path
+) -> None:
     node = sorted(lab_hosts)[0]
     state(lab_inventory, node, "systemctl stop vllm@greedy")
     try:
@@ -172,12 +203,21 @@ def test_an_instance_out_of_service_before_an_upgrade_stays_so(
         assert result.returncode == 0, output[-6000:]
         assert re.search(rf"upgrade: {node}: upgraded \(layers serve, [0-9.]+ s\)", output), output[-6000:]
         assert state(lab_inventory, node, "systemctl is-active vllm@main vllm@greedy || true").split() == [
-            "active", "inactive"]
+            "active",
+            "inactive",
+        ]
         assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
     finally:
         # Its configuration is what it was: starting it is enough, /health tells when it serves.
-        port = next(item["port"] for item in yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instances"]
-                    if item["name"] == "greedy")
-        state(lab_inventory, node, f"systemctl start vllm@greedy && for i in $(seq 200); do "
-                                   f"curl -sf -o /dev/null http://127.0.0.1:{port}/health && exit 0; sleep 3; done; exit 1")
+        port = next(
+            item["port"]
+            for item in yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instances"]
+            if item["name"] == "greedy"
+        )
+        state(
+            lab_inventory,
+            node,
+            f"systemctl start vllm@greedy && for i in $(seq 200); do "
+            f"curl -sf -o /dev/null http://127.0.0.1:{port}/health && exit 0; sleep 3; done; exit 1",
+        )
     assert state(lab_inventory, node, RUNNING).splitlines()[:2] == ["active", "active"]

@@ -69,8 +69,14 @@ def watch_command_lines(process: subprocess.Popen, seen: set[str]) -> None:
 def gpufleet(runs: Path, *arguments: str, seen: set[str]) -> str:
     # ANSIBLE_VERBOSITY=1: what `-v` prints goes into the run's stdout record too.
     env = dict(os.environ, GPUFLEET_RUNS_DIR=str(runs), ANSIBLE_VERBOSITY="1")
-    process = subprocess.Popen([str(BIN / "gpufleet"), *arguments], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, cwd=PROJECT_ROOT, env=env)
+    process = subprocess.Popen(
+        [str(BIN / "gpufleet"), *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env=env,
+    )
     watcher = threading.Thread(target=watch_command_lines, args=(process, seen), daemon=True)
     watcher.start()
     output, _ = process.communicate(timeout=3000)
@@ -84,19 +90,40 @@ def leaks(places: dict[str, str], secrets: dict[str, str]) -> list[str]:
     return [f"{name} in {place}" for place, text in places.items() for name, value in secrets.items() if value in text]
 
 
-def test_no_secret_in_run_records_journal_or_process_lists(lab_inventory: Path, lab_hosts: dict[str, dict],
-                                                           tmp_path: Path) -> None:
+def test_no_secret_in_run_records_journal_or_process_lists(
+    lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path: Path
+) -> None:
     hosts = sorted(lab_hosts)
-    certs = subprocess.run([sys.executable, str(PROJECT_ROOT / "lab" / "builders" / "make_lab_certs.py"),
-                            "--inventory", str(lab_inventory)], capture_output=True, text=True, cwd=PROJECT_ROOT,
-                           timeout=300, check=False)
+    certs = subprocess.run(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "lab" / "builders" / "make_lab_certs.py"),
+            "--inventory",
+            str(lab_inventory),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=300,
+        check=False,
+    )
     assert certs.returncode == 0, certs.stderr
     runs, seen = tmp_path / "runs", set()
     outputs = {
-        "provision output": gpufleet(runs, "provision", "-i", str(lab_inventory), "--tags", "model,serve,proxy",
-                                     seen=seen),
-        "drift output": gpufleet(runs, "drift", "-i", str(lab_inventory), "--layers", "serve,proxy",
-                                 "--out", str(runs / "reports"), seen=seen),
+        "provision output": gpufleet(
+            runs, "provision", "-i", str(lab_inventory), "--tags", "model,serve,proxy", seen=seen
+        ),
+        "drift output": gpufleet(
+            runs,
+            "drift",
+            "-i",
+            str(lab_inventory),
+            "--layers",
+            "serve,proxy",
+            "--out",
+            str(runs / "reports"),
+            seen=seen,
+        ),
     }
     secrets = lab_secrets(hosts)
     # The lab really has per-instance keys, and the instances run with them: else there is nothing to find.

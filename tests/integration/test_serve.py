@@ -56,7 +56,9 @@ class PlaybookRun:
         return {host: int(changed) for host, _ok, changed, _unreachable, _failed in RECAP.findall(self.output)}
 
     def warmup_lines(self) -> list[str]:
-        return [" ".join(line.split()) for line in re.findall(r"msg: '((?:probe|typical|burst):[^']*)'", self.output, re.S)]
+        return [
+            " ".join(line.split()) for line in re.findall(r"msg: '((?:probe|typical|burst):[^']*)'", self.output, re.S)
+        ]
 
 
 @dataclass
@@ -75,12 +77,18 @@ class ServedLab:
 
 def run_playbooks(inventory: Path, playbooks: list[str], *extra: str, timeout: int = 3600) -> PlaybookRun:
     """ansible-playbook on the lab; fails the test with the output's tail when it fails."""
-    command = [str(BIN / "ansible-playbook"), "-i", str(inventory), *extra,
-               *(str(PROJECT_ROOT / "playbooks" / name) for name in playbooks)]
+    command = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        *extra,
+        *(str(PROJECT_ROOT / "playbooks" / name) for name in playbooks),
+    ]
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"}
     started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=timeout,
-                            check=False)
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=timeout, check=False
+    )
     run = PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - started)
     assert run.rc == 0, f"{' '.join(playbooks)} failed (rc {run.rc}):\n{run.output[-6000:]}"
     return run
@@ -88,8 +96,9 @@ def run_playbooks(inventory: Path, playbooks: list[str], *extra: str, timeout: i
 
 def run_builder(*argv: str) -> str:
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    result = subprocess.run([*argv], capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=1800,
-                            check=False)
+    result = subprocess.run(
+        [*argv], capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=1800, check=False
+    )
     assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result.stdout
 
@@ -118,8 +127,9 @@ def served_lab(lab_inventory: Path, lab_hosts: dict[str, dict]) -> ServedLab:
     )
 
 
-def https(address: str, path: str, key: str | None = None, body: dict | None = None, port: int = 443,
-          timeout: float = 60) -> tuple[int, Any]:
+def https(
+    address: str, path: str, key: str | None = None, body: dict | None = None, port: int = 443, timeout: float = 60
+) -> tuple[int, Any]:
     """One request through a host's proxy, verified against the lab CA; returns (status, parsed body)."""
     context = ssl.create_default_context(cafile=str(CACHE / "lab-tls" / "ca.crt"))
     headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
@@ -138,14 +148,20 @@ def https(address: str, path: str, key: str | None = None, body: dict | None = N
 
 
 def unit_state(ansible: AnsibleRunner, host: str, instance: str) -> dict[str, str]:
-    result = ansible(host, "ansible.builtin.command",
-                     f"systemctl show -p InvocationID -p MainPID -p NRestarts -p ActiveState vllm@{instance}.service")
+    result = ansible(
+        host,
+        "ansible.builtin.command",
+        f"systemctl show -p InvocationID -p MainPID -p NRestarts -p ActiveState vllm@{instance}.service",
+    )
     return dict(line.split("=", 1) for line in result[host]["stdout"].splitlines())
 
 
 def all_unit_states(ansible: AnsibleRunner, lab: ServedLab) -> dict[tuple[str, str], str]:
-    return {(host, i["name"]): unit_state(ansible, host, i["name"])["InvocationID"]
-            for host in lab.addresses for i in INSTANCES}
+    return {
+        (host, i["name"]): unit_state(ansible, host, i["name"])["InvocationID"]
+        for host in lab.addresses
+        for i in INSTANCES
+    }
 
 
 def completion(lab: ServedLab, host: str, prompt: str, path: str = "/v1/completions", **fields: Any) -> dict:
@@ -164,8 +180,10 @@ def test_completion_through_the_proxy_on_every_host(served_lab: ServedLab) -> No
         answer = completion(served_lab, host, "hello world the model server")
         elapsed = time.monotonic() - started
         assert answer["model"] == "tiny" and answer["usage"]["completion_tokens"] == 16
-        print(f"{host}: https://{served_lab.addresses[host]}/v1/completions -> {answer['usage']} in {elapsed:.3f} s: "
-              f"{answer['choices'][0]['text']!r}")
+        print(
+            f"{host}: https://{served_lab.addresses[host]}/v1/completions -> {answer['usage']} in {elapsed:.3f} s: "
+            f"{answer['choices'][0]['text']!r}"
+        )
 
 
 @pytest.mark.parametrize("who", ["no key", "a wrong key", "vLLM's own key"])
@@ -196,8 +214,9 @@ def test_generation_overrides_make_the_greedy_instance_deterministic(served_lab:
     # must equal the first instance asked explicitly for temperature 0.
     host = served_lab.first
     prompt = "the quick brown fox"
-    greedy = [completion(served_lab, host, prompt, "/instances/greedy/v1/completions", model="tiny-greedy")
-              for _ in range(2)]
+    greedy = [
+        completion(served_lab, host, prompt, "/instances/greedy/v1/completions", model="tiny-greedy") for _ in range(2)
+    ]
     explicit = completion(served_lab, host, prompt, temperature=0)
     sampled = completion(served_lab, host, prompt)
     texts = {answer["choices"][0]["text"] for answer in greedy}
@@ -219,21 +238,57 @@ def test_rate_limit_answers_429_beyond_the_burst(served_lab: ServedLab) -> None:
 
 def test_openai_probe_streams_through_the_proxy(served_lab: ServedLab) -> None:
     address = served_lab.addresses[served_lab.first]
-    args = {"url": f"https://{address}", "ca_path": str(CACHE / "lab-tls" / "ca.crt"), "api_key": served_lab.api_key,
-            "expect_models": ["tiny"],
-            "requests": [{"name": "stream", "count": 4, "concurrency": 2, "stream": True, "max_tokens": 32,
-                          "extra_body": {"ignore_eos": True}},
-                         {"name": "chat", "endpoint": "chat", "max_tokens": 8}]}
-    result = subprocess.run([str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "gpufleet.fleet.openai_probe",
-                             "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"],
-                            capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300, check=False,
-                            env={**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
-                                 "ANSIBLE_CALLBACK_RESULT_FORMAT": "json", "ANSIBLE_NOCOLOR": "1"})
+    args = {
+        "url": f"https://{address}",
+        "ca_path": str(CACHE / "lab-tls" / "ca.crt"),
+        "api_key": served_lab.api_key,
+        "expect_models": ["tiny"],
+        "requests": [
+            {
+                "name": "stream",
+                "count": 4,
+                "concurrency": 2,
+                "stream": True,
+                "max_tokens": 32,
+                "extra_body": {"ignore_eos": True},
+            },
+            {"name": "chat", "endpoint": "chat", "max_tokens": 8},
+        ],
+    }
+    result = subprocess.run(
+        [
+            str(BIN / "ansible"),
+            "localhost",
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-m",
+            "gpufleet.fleet.openai_probe",
+            "-a",
+            json.dumps(args),
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=300,
+        check=False,
+        env={
+            **os.environ,
+            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
+            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+            "ANSIBLE_NOCOLOR": "1",
+        },
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     probe = json.loads(result.stdout.split(" => ", 1)[1])
     stream, chat = probe["results"]
-    print(f"stream: ttft p50 {stream['ttft_s']['p50']} s, total p50 {stream['latency_s']['p50']} s, "
-          f"{stream['completion_tokens_per_s']} tokens/s; chat p50 {chat['latency_s']['p50']} s")
+    print(
+        f"stream: ttft p50 {stream['ttft_s']['p50']} s, total p50 {stream['latency_s']['p50']} s, "
+        f"{stream['completion_tokens_per_s']} tokens/s; chat p50 {chat['latency_s']['p50']} s"
+    )
     assert probe["changed"] is False and stream["succeeded"] == 4 and chat["succeeded"] == 1
     assert stream["completion_tokens"] == 128
     assert stream["ttft_s"]["max"] <= stream["latency_s"]["max"]
@@ -251,9 +306,23 @@ def openssl_handshake(address: str, protocol: str) -> str:
     """The protocol `openssl s_client` negotiated with the proxy when offering only `protocol`, or ''."""
     # -brief prints the protocol once the handshake completes. The session block's "Protocol :" line comes
     # only with a TLS 1.3 session ticket, which s_client often closed before (Debian 13's nginx: 3 runs in 5).
-    result = subprocess.run(["openssl", "s_client", "-brief", "-connect", f"{address}:443", f"-{protocol}",
-                             "-CAfile", str(CACHE / "lab-tls" / "ca.crt")],
-                            input="", capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run(
+        [
+            "openssl",
+            "s_client",
+            "-brief",
+            "-connect",
+            f"{address}:443",
+            f"-{protocol}",
+            "-CAfile",
+            str(CACHE / "lab-tls" / "ca.crt"),
+        ],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     match = re.search(r"^Protocol version: (\S+)$", result.stderr, re.M)
     return match.group(1) if match and result.returncode == 0 else ""
 
@@ -263,8 +332,18 @@ def curl_statuses(address: str, count: int, key: str | None = None) -> list[int]
     header = ["-H", f"Authorization: Bearer {key}"] if key else []
     command = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}\n", "--cacert", str(CACHE / "lab-tls" / "ca.crt")]
     for _ in range(count - 1):
-        command += [*header, f"https://{address}/v1/models", "--next", "-s", "-o", "/dev/null", "-w",
-                    "%{http_code}\n", "--cacert", str(CACHE / "lab-tls" / "ca.crt")]
+        command += [
+            *header,
+            f"https://{address}/v1/models",
+            "--next",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}\n",
+            "--cacert",
+            str(CACHE / "lab-tls" / "ca.crt"),
+        ]
     command += [*header, f"https://{address}/v1/models"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     return [int(line) for line in result.stdout.split()]
@@ -280,8 +359,23 @@ def test_proxy_offers_tls_12_and_13_only(served_lab: ServedLab) -> None:
 @pytest.mark.parametrize("port, path", [(443, "/v1/models"), (9443, "/metrics/main")])
 def test_no_version_banner_and_hsts_also_on_401(served_lab: ServedLab, port: int, path: str) -> None:
     address = served_lab.addresses[served_lab.first]
-    result = subprocess.run(["curl", "-s", "-D", "-", "-o", "/dev/null", "--cacert", str(CACHE / "lab-tls" / "ca.crt"),
-                             f"https://{address}:{port}{path}"], capture_output=True, text=True, timeout=30, check=True)
+    result = subprocess.run(
+        [
+            "curl",
+            "-s",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+            "--cacert",
+            str(CACHE / "lab-tls" / "ca.crt"),
+            f"https://{address}:{port}{path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     headers = dict(line.split(": ", 1) for line in result.stdout.lower().splitlines()[1:] if ": " in line)
     print(f"{address}:{port}{path} without a key: {result.stdout.splitlines()[0]}, {headers}")
     assert result.stdout.split()[1] == "401"
@@ -304,11 +398,25 @@ def test_a_config_nginx_rejects_leaves_the_live_one_serving(served_lab: ServedLa
     live = ["/etc/nginx/conf.d/gpufleet-inference.conf", "/etc/nginx/tls/gpufleet-inference.crt"]
     before = ansible(host, "ansible.builtin.command", f"sha256sum {' '.join(live)}")[host]["stdout"]
     # The CA's certificate does not match the node's key: nginx -t refuses the staged set.
-    command = [str(BIN / "ansible-playbook"), "-i", str(served_lab.inventory), "--limit", host,
-               "-e", f"inference_proxy_tls_cert_src={CACHE / 'lab-tls' / 'ca.crt'}",
-               str(PROJECT_ROOT / "playbooks" / "proxy.yml")]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=900, check=False,
-                            env={**os.environ, "ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"})
+    command = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(served_lab.inventory),
+        "--limit",
+        host,
+        "-e",
+        f"inference_proxy_tls_cert_src={CACHE / 'lab-tls' / 'ca.crt'}",
+        str(PROJECT_ROOT / "playbooks" / "proxy.yml"),
+    ]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=900,
+        check=False,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"},
+    )
     output = " ".join(result.stdout.split())
     assert result.returncode == 2 and "the live configuration was left as it was" in output
     assert "key values mismatch" in output
@@ -326,8 +434,9 @@ def test_a_config_nginx_rejects_leaves_the_live_one_serving(served_lab: ServedLa
 def test_systemd_exposure_of_every_instance_is_at_most_3(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
     for host in sorted(served_lab.addresses):
         for instance in INSTANCES:
-            output = ansible(host, "ansible.builtin.command",
-                             f"systemd-analyze security vllm@{instance['name']}.service")[host]["stdout"]
+            output = ansible(
+                host, "ansible.builtin.command", f"systemd-analyze security vllm@{instance['name']}.service"
+            )[host]["stdout"]
             exposure = float(re.search(r"Overall exposure level for \S+: ([0-9.]+)", output).group(1))
             print(f"{host} vllm@{instance['name']}: systemd-analyze security exposure {exposure}")
             assert exposure <= MAX_EXPOSURE
@@ -356,15 +465,18 @@ def test_killed_vllm_comes_back_through_systemd(served_lab: ServedLab, ansible: 
     wait_until_healthy(served_lab, host)
     seconds = time.monotonic() - killed_at
     after = unit_state(ansible, host, "main")
-    print(f"{host}: vllm@main pid {before['MainPID']} killed; systemd restarted it as pid {after['MainPID']} "
-          f"(NRestarts {before['NRestarts']} -> {after['NRestarts']}), healthy again after {seconds:.0f} s")
+    print(
+        f"{host}: vllm@main pid {before['MainPID']} killed; systemd restarted it as pid {after['MainPID']} "
+        f"(NRestarts {before['NRestarts']} -> {after['NRestarts']}), healthy again after {seconds:.0f} s"
+    )
     assert after["MainPID"] != before["MainPID"] and after["ActiveState"] == "active"
     assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1
     assert completion(served_lab, host, "back again")["usage"]["completion_tokens"] == 16
 
 
-def test_an_instance_stopped_while_it_starts_ends_at_once_and_inactive(served_lab: ServedLab,
-                                                                      ansible: AnsibleRunner) -> None:
+def test_an_instance_stopped_while_it_starts_ends_at_once_and_inactive(
+    served_lab: ServedLab, ansible: AnsibleRunner
+) -> None:
     """vLLM loses a SIGTERM that arrives while it starts (its handler raises inside the event loop): the stop waited
     out TimeoutStopSec and the unit ended `failed` with result 'timeout', the host `degraded`. The unit stops it with
     SIGINT, which asyncio's runner turns into a cancelled start. A process left in the unit that ignores SIGINT and
@@ -386,7 +498,7 @@ procs=/sys/fs/cgroup$(systemctl show -p ControlGroup --value vllm@greedy.service
 for _ in $(seq 600); do [ "$(cat "$procs" 2>/dev/null | wc -l)" -ge 4 ] && break; sleep 0.2; done
 sleep 2
 echo "processes $(wc -l < "$procs")"
-echo "health $(curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{greedy['port']}/health || true)"
+echo "health $(curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{greedy["port"]}/health || true)"
 started=$(date +%s)
 systemctl stop vllm@greedy.service
 echo "stop_seconds $(( $(date +%s) - started ))"
@@ -394,7 +506,7 @@ systemctl show -p ActiveState -p Result vllm@greedy.service
 rm -rf {leftover}
 systemctl daemon-reload
 systemctl start vllm@greedy.service
-for _ in $(seq 300); do curl -sf -o /dev/null http://127.0.0.1:{greedy['port']}/health && exit 0; sleep 2; done
+for _ in $(seq 300); do curl -sf -o /dev/null http://127.0.0.1:{greedy["port"]}/health && exit 0; sleep 2; done
 echo "vllm@greedy did not answer /health again"; exit 1
 """
     result = ansible(host, "ansible.builtin.shell", script)[host]["stdout"]
@@ -415,13 +527,19 @@ def test_rerun_changes_nothing_and_restarts_nothing(served_lab: ServedLab, ansib
     assert api_key_absent(rerun.output + served_lab.converge.output, served_lab), "a secret reached the output"
 
 
-def test_a_template_wide_drop_in_is_the_operators_and_no_instance(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+def test_a_template_wide_drop_in_is_the_operators_and_no_instance(
+    served_lab: ServedLab, ansible: AnsibleRunner
+) -> None:
     """systemd's vllm@.service.d/ applies to every instance: the prune step once took it for an instance named ''
     ("Service is in unknown state") and would have deleted the operator's file in it."""
     host = served_lab.first
     dropin = "/etc/systemd/system/vllm@.service.d/operator.conf"
-    ansible(host, "ansible.builtin.shell", f"mkdir -p {dropin.rsplit('/', 1)[0]} && "
-            f"printf '[Service]\\nLimitCORE=0\\n' > {dropin} && systemctl daemon-reload")
+    ansible(
+        host,
+        "ansible.builtin.shell",
+        f"mkdir -p {dropin.rsplit('/', 1)[0]} && "
+        f"printf '[Service]\\nLimitCORE=0\\n' > {dropin} && systemctl daemon-reload",
+    )
     try:
         before = all_unit_states(ansible, served_lab)
         run = run_playbooks(served_lab.inventory, ["serve.yml"], "--limit", host)
@@ -432,8 +550,9 @@ def test_a_template_wide_drop_in_is_the_operators_and_no_instance(served_lab: Se
         ansible(host, "ansible.builtin.shell", f"rm -rf {dropin.rsplit('/', 1)[0]} && systemctl daemon-reload")
 
 
-def test_changing_one_option_restarts_only_that_instance(served_lab: ServedLab, ansible: AnsibleRunner,
-                                                          tmp_path: Path) -> None:
+def test_changing_one_option_restarts_only_that_instance(
+    served_lab: ServedLab, ansible: AnsibleRunner, tmp_path: Path
+) -> None:
     host = served_lab.first
     changed = [dict(i, max_num_seqs=32) if i["name"] == "greedy" else i for i in INSTANCES]
     extra = tmp_path / "instances.json"
@@ -473,8 +592,9 @@ def prometheus_binary() -> Path:
     if binary.is_file():
         return binary
     with tempfile.TemporaryDirectory(prefix="gpufleet-prometheus-") as work:
-        download = subprocess.run(["apt-get", "download", "prometheus"], cwd=work, capture_output=True, text=True,
-                                  timeout=600, check=False)
+        download = subprocess.run(
+            ["apt-get", "download", "prometheus"], cwd=work, capture_output=True, text=True, timeout=600, check=False
+        )
         assert download.returncode == 0, f"apt-get download prometheus failed: {download.stderr}"
         package = next(Path(work).glob("prometheus_*.deb"))
         # A fresh machine has no tools/ yet: unpack beside the target (same file system), then rename.
@@ -492,9 +612,16 @@ def prometheus(prometheus_binary: Path, served_lab: ServedLab, tmp_path: Path) -
     config = tmp_path / "prometheus.yml"
     run_playbooks(served_lab.inventory, ["prometheus.yml"], "-e", f"prometheus_scrape_config={config}")
     print(config.read_text())
-    process = subprocess.Popen([str(prometheus_binary), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                                "--web.listen-address=127.0.0.1:19390"],
-                               stdout=(tmp_path / "prometheus.log").open("w"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [
+            str(prometheus_binary),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            "--web.listen-address=127.0.0.1:19390",
+        ],
+        stdout=(tmp_path / "prometheus.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         yield "http://127.0.0.1:19390"
     finally:

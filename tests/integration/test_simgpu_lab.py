@@ -87,8 +87,18 @@ def installed(lab_inventory: Path, lab_host: str) -> Iterator[str]:
     """The simulated H200 installed on one lab host under PREFIX; removed afterwards."""
     simgpu.install_on_hosts(lab_inventory, lab_host, extra_vars=PRIVATE_PLACES)
     yield lab_host
-    run([str(BIN / "ansible"), "-i", str(lab_inventory), lab_host, "-m", "ansible.builtin.file",
-         "-a", f"path={PREFIX} state=absent"])
+    run(
+        [
+            str(BIN / "ansible"),
+            "-i",
+            str(lab_inventory),
+            lab_host,
+            "-m",
+            "ansible.builtin.file",
+            "-a",
+            f"path={PREFIX} state=absent",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +106,16 @@ def results(installed: str, lab_inventory: Path, tmp_path_factory: pytest.TempPa
     work = tmp_path_factory.mktemp("simgpu-lab")
     playbook, output = work / "playbook.yml", work / "results.json"
     playbook.write_text(PLAYBOOK)
-    run([str(BIN / "ansible-playbook"), "-i", str(lab_inventory), str(playbook),
-         "-e", json.dumps({"simgpu_test_host": installed, "simgpu_test_output": str(output)})])
+    run(
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(lab_inventory),
+            str(playbook),
+            "-e",
+            json.dumps({"simgpu_test_host": installed, "simgpu_test_output": str(output)}),
+        ]
+    )
     return json.loads(output.read_text())
 
 
@@ -120,5 +138,6 @@ def test_ecc_errors_fail_expect_naming_the_gpu_and_count(results: dict[str, Any]
     assert drifted["failed"] is True and drifted["changed"] is False
     expected = f"GPU 0 ({H200_UUID}): 12 uncorrectable volatile ECC errors, expected at most 0"
     assert drifted["msg"] == f"1 mismatch with expect: {expected}"
-    assert drifted["mismatches"] == [{"gpu": 0, "uuid": H200_UUID, "field": "ecc_errors", "expected": 0,
-                                      "actual": 12, "message": expected}]
+    assert drifted["mismatches"] == [
+        {"gpu": 0, "uuid": H200_UUID, "field": "ecc_errors", "expected": 0, "actual": 12, "message": expected}
+    ]

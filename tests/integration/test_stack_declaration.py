@@ -30,9 +30,20 @@ def host(lab_hosts: dict[str, dict]) -> str:
 
 
 def listed_tags(inventory: Path) -> list[str]:
-    result = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "--list-tags",
-                             str(PROJECT_ROOT / "playbooks" / "site.yml")], capture_output=True, text=True,
-                            cwd=PROJECT_ROOT, timeout=120, check=True)
+    result = subprocess.run(
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            "--list-tags",
+            str(PROJECT_ROOT / "playbooks" / "site.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=120,
+        check=True,
+    )
     tags: set[str] = set()
     for found in re.findall(r"TASK TAGS: \[([^\]]*)\]", result.stdout):
         tags.update(tag.strip() for tag in found.split(",") if tag.strip())
@@ -50,22 +61,38 @@ def test_each_listed_tag_alone_validates_first_then_runs_its_layer(lab_inventory
     assert run.output.index(VALIDATE) < run.output.index("PLAY [", run.output.index(VALIDATE)), "preflight first"
     assert run.recap.get("changed") == 0, f"a converged node in check mode: {run.recap}"
     # The layer's own tasks ran, not only the roles' argument checks.
-    role_tasks = [line for line in run.output.splitlines() if line.startswith("TASK [")
-                  and "Validating arguments" not in line and not line.startswith(VALIDATE)
-                  and "Gathering Facts" not in line and "Show the sourced facts" not in line]
+    role_tasks = [
+        line
+        for line in run.output.splitlines()
+        if line.startswith("TASK [")
+        and "Validating arguments" not in line
+        and not line.startswith(VALIDATE)
+        and "Gathering Facts" not in line
+        and "Show the sourced facts" not in line
+    ]
     assert role_tasks, f"--tags {tag} ran no task of its layer"
 
 
-def test_a_role_variable_against_the_stack_stops_the_run_before_any_host_changes(lab_inventory: Path,
-                                                                                host: str) -> None:
-    rc, before = sh(lab_inventory, host, "stat -c %Y /usr/bin/nvidia-installer 2>/dev/null; cat /proc/sys/kernel/random/boot_id")
+def test_a_role_variable_against_the_stack_stops_the_run_before_any_host_changes(
+    lab_inventory: Path, host: str
+) -> None:
+    rc, before = sh(
+        lab_inventory, host, "stat -c %Y /usr/bin/nvidia-installer 2>/dev/null; cat /proc/sys/kernel/random/boot_id"
+    )
     run = play(lab_inventory, host, "site.yml", "--tags", "driver", extra={"nvidia_driver_version": "570.124.06"})
     assert run.rc != 0
     text = " ".join(run.output.split())
-    assert "nvidia_driver_version = 570.124.06 (set in the inventory source or extra vars) contradicts the stack's " \
-           "driver 580.95.05 (gpufleet_stack in inventories/lab/group_vars/all/stack.yml)" in text
+    assert (
+        "nvidia_driver_version = 570.124.06 (set in the inventory source or extra vars) contradicts the stack's "
+        "driver 580.95.05 (gpufleet_stack in inventories/lab/group_vars/all/stack.yml)" in text
+    )
     assert "PLAY [Install the NVIDIA driver from its runfile]" not in run.output
-    assert sh(lab_inventory, host, "stat -c %Y /usr/bin/nvidia-installer 2>/dev/null; cat /proc/sys/kernel/random/boot_id")[1] == before
+    assert (
+        sh(
+            lab_inventory, host, "stat -c %Y /usr/bin/nvidia-installer 2>/dev/null; cat /proc/sys/kernel/random/boot_id"
+        )[1]
+        == before
+    )
 
 
 def verify(inventory: Path, host: str) -> PlayRun:
@@ -81,8 +108,11 @@ def test_verify_proves_a_converged_node_runs_its_stack(lab_inventory: Path, host
 
 def test_verify_fails_when_the_loaded_driver_cannot_run_the_stacks_cuda(lab_inventory: Path, host: str) -> None:
     # The simulated driver now reports R570 (CUDA 12.8), as a node rebooted into an old driver would.
-    rc, text = sh(lab_inventory, host, f"cp -a {DESCRIPTION} {DESCRIPTION}.saved && "
-                                       f"{SIMGPUCTL} driver-version 570.124.06 --cuda 12080")
+    rc, text = sh(
+        lab_inventory,
+        host,
+        f"cp -a {DESCRIPTION} {DESCRIPTION}.saved && {SIMGPUCTL} driver-version 570.124.06 --cuda 12080",
+    )
     assert rc == 0, text
     try:
         run = verify(lab_inventory, host)
@@ -97,11 +127,21 @@ def test_verify_fails_when_the_loaded_driver_cannot_run_the_stacks_cuda(lab_inve
 
 
 def test_gpufleet_plan_of_the_lab_inventory(lab_inventory: Path) -> None:
-    result = subprocess.run([str(BIN / "gpufleet"), "plan", "-i", str(lab_inventory), "--json"], capture_output=True,
-                            text=True, cwd=PROJECT_ROOT, timeout=300, check=False,
-                            env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")))
+    result = subprocess.run(
+        [str(BIN / "gpufleet"), "plan", "-i", str(lab_inventory), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=300,
+        check=False,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     (lab,) = json.loads(result.stdout)["classes"]
     assert [item["name"] for item in lab["artifacts"]] == [
-        "NVIDIA-Linux-x86_64-580.95.05.run", "cuda_12.8.1_570.124.06_linux.run", "cuda_13.0.2_580.95.05_linux.run",
-        "pyenv-2.6.30.tar.gz", "Python-3.11.2.tgz"]
+        "NVIDIA-Linux-x86_64-580.95.05.run",
+        "cuda_12.8.1_570.124.06_linux.run",
+        "cuda_13.0.2_580.95.05_linux.run",
+        "pyenv-2.6.30.tar.gz",
+        "Python-3.11.2.tgz",
+    ]

@@ -42,7 +42,9 @@ def active_instances(inventory: Path, node: str) -> list[str]:
 
 
 @pytest.fixture()
-def broken_venv_in_service(lab_inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[tuple[str, list[str], str, str]]:
+def broken_venv_in_service(
+    lab_inventory: Path, lab_hosts: dict[str, dict]
+) -> Iterator[tuple[str, list[str], str, str]]:
     node = sorted(lab_hosts)[0]
     served = link(lab_inventory, node, f"{VENVS}/current")
     previous = link(lab_inventory, node, f"{VENVS}/previous")
@@ -51,19 +53,28 @@ def broken_venv_in_service(lab_inventory: Path, lab_hosts: dict[str, dict]) -> I
         rc, record = sh(lab_inventory, node, f"cat {STATE}/{instance}.venv")
         assert rc == 0 and record.strip() == served, f"the serve layer recorded no venv for vllm@{instance}: {record}"
     # Hard links: a copy in a second, whose interpreter start-up exits (a .pth line runs at every start).
-    rc, text = sh(lab_inventory, node, f"set -e; cp -al {served} {BROKEN}; site=$(ls -d {BROKEN}/lib/python3*/site-packages);"
-                                       f" echo 'import os; os._exit(3)' > $site/gpufleet-test-broken.pth;"
-                                       f" ln -sfn {served} {VENVS}/previous; ln -sfn {BROKEN} {VENVS}/current;"
-                                       f" cp -p {UNIT} {UNIT}.gpufleet-test")
+    rc, text = sh(
+        lab_inventory,
+        node,
+        f"set -e; cp -al {served} {BROKEN}; site=$(ls -d {BROKEN}/lib/python3*/site-packages);"
+        f" echo 'import os; os._exit(3)' > $site/gpufleet-test-broken.pth;"
+        f" ln -sfn {served} {VENVS}/previous; ln -sfn {BROKEN} {VENVS}/current;"
+        f" cp -p {UNIT} {UNIT}.gpufleet-test",
+    )
     assert rc == 0, text
     yield node, instances, served, records(lab_inventory, node)
     restore_previous = f"ln -sfn {previous} {VENVS}/previous" if previous else f"rm -f {VENVS}/previous"
-    sh(lab_inventory, node, f"ln -sfn {served} {VENVS}/current; {restore_previous}; rm -rf {BROKEN};"
-                            f" mv {UNIT}.gpufleet-test {UNIT}; systemctl daemon-reload")
+    sh(
+        lab_inventory,
+        node,
+        f"ln -sfn {served} {VENVS}/current; {restore_previous}; rm -rf {BROKEN};"
+        f" mv {UNIT}.gpufleet-test {UNIT}; systemctl daemon-reload",
+    )
 
 
-def test_a_venv_that_fails_its_health_gate_is_rolled_back(lab_inventory: Path,
-                                                           broken_venv_in_service: tuple[str, list[str], str, str]) -> None:
+def test_a_venv_that_fails_its_health_gate_is_rolled_back(
+    lab_inventory: Path, broken_venv_in_service: tuple[str, list[str], str, str]
+) -> None:
     node, instances, served, started_before = broken_venv_in_service
     failed = play(lab_inventory, node, "serve.yml", extra=HEALTH)
     assert failed.rc != 0, failed.describe()

@@ -40,9 +40,11 @@ RESULT = "/run/vllm-devtest-probe.json"
 MAX_EXPOSURE = 1.3
 # Beside the H200's GPU nodes: NVSwitch's control node (major 239 on the H200: denied), a node of the `mem`
 # class with a minor no driver serves, and one of a major nothing registers.
-EXTRA_NODES = listed_nodes("crw-rw-rw- 1 root root 239, 0 /dev/nvidia-nvswitchctl\n"
-                           "crw-rw-rw- 1 root root 1, 200 /dev/devtest-mem-200\n"
-                           "crw-rw-rw- 1 root root 200, 0 /dev/devtest-major-200\n")
+EXTRA_NODES = listed_nodes(
+    "crw-rw-rw- 1 root root 239, 0 /dev/nvidia-nvswitchctl\n"
+    "crw-rw-rw- 1 root root 1, 200 /dev/devtest-mem-200\n"
+    "crw-rw-rw- 1 root root 200, 0 /dev/devtest-major-200\n"
+)
 NODES = listed_nodes(H200) + EXTRA_NODES
 PROBE_SCRIPT = """import errno, json, os, sys
 result = {}
@@ -60,21 +62,33 @@ print(json.dumps(result))
 def sandbox_host(lab_inventory: Path, lab_hosts: dict[str, dict], ansible: AnsibleRunner) -> Iterator[str]:
     """The first lab host with the role's units, the test instance and the GPU nodes; all removed afterwards."""
     host = sorted(lab_hosts)[0]
-    command = [str(BIN / "ansible-playbook"), "-i", str(lab_inventory), "-e", f"sandbox_host={host}",
-               str(PROJECT_ROOT / "tests" / "integration" / "vllm_device_sandbox.yml")]
+    command = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(lab_inventory),
+        "-e",
+        f"sandbox_host={host}",
+        str(PROJECT_ROOT / "tests" / "integration" / "vllm_device_sandbox.yml"),
+    ]
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"}
-    result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=600,
-                            check=False)
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=600, check=False
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    nodes = " ".join(f"mkdir -p {os.path.dirname(n.path)} && rm -f {n.path} && mknod -m 666 {n.path} c {n.major} {n.minor};"
-                     for n in NODES)
+    nodes = " ".join(
+        f"mkdir -p {os.path.dirname(n.path)} && rm -f {n.path} && mknod -m 666 {n.path} c {n.major} {n.minor};"
+        for n in NODES
+    )
     ansible(host, "ansible.builtin.shell", f"{nodes} mkdir -p {os.path.dirname(PROBE)}")
     ansible(host, "ansible.builtin.copy", json.dumps({"dest": PROBE, "mode": "0644", "content": PROBE_SCRIPT}))
     yield host
-    ansible(host, "ansible.builtin.shell",
-            f"systemctl stop {UNIT}; systemctl reset-failed {UNIT}; rm -rf /etc/systemd/system/vllm@devtest.service.d "
-            f"/etc/vllm/devtest.env {os.path.dirname(PROBE)} {RESULT} {' '.join(n.path for n in NODES)}; "
-            "systemctl daemon-reload")
+    ansible(
+        host,
+        "ansible.builtin.shell",
+        f"systemctl stop {UNIT}; systemctl reset-failed {UNIT}; rm -rf /etc/systemd/system/vllm@devtest.service.d "
+        f"/etc/vllm/devtest.env {os.path.dirname(PROBE)} {RESULT} {' '.join(n.path for n in NODES)}; "
+        "systemctl daemon-reload",
+    )
 
 
 def shell(ansible: AnsibleRunner, host: str, script: str) -> str:
@@ -84,11 +98,26 @@ def shell(ansible: AnsibleRunner, host: str, script: str) -> str:
 def probe(ansible: AnsibleRunner, host: str, rules: list[str]) -> tuple[dict[str, str], str]:
     """Runs the probe as the test instance with these extra [Service] lines; its errno per node, and the unit text."""
     argv = " ".join([PROBE] + [n.path for n in NODES] + ["/dev/null"])
-    dropin = "\n".join(["[Service]", "ExecStart=", f"ExecStart=/usr/bin/python3 {argv}", "Restart=no",
-                        f"StandardOutput=truncate:{RESULT}", *rules]) + "\n"
+    dropin = (
+        "\n".join(
+            [
+                "[Service]",
+                "ExecStart=",
+                f"ExecStart=/usr/bin/python3 {argv}",
+                "Restart=no",
+                f"StandardOutput=truncate:{RESULT}",
+                *rules,
+            ]
+        )
+        + "\n"
+    )
     ansible(host, "ansible.builtin.copy", json.dumps({"dest": DROPIN, "mode": "0644", "content": dropin}))
-    shell(ansible, host, f"systemctl daemon-reload && systemctl reset-failed {UNIT}; systemctl start {UNIT} && "
-                         f"while systemctl is-active -q {UNIT}; do sleep 0.2; done")
+    shell(
+        ansible,
+        host,
+        f"systemctl daemon-reload && systemctl reset-failed {UNIT}; systemctl start {UNIT} && "
+        f"while systemctl is-active -q {UNIT}; do sleep 0.2; done",
+    )
     return json.loads(shell(ansible, host, f"cat {RESULT}")), shell(ansible, host, f"systemctl cat {UNIT}")
 
 
@@ -97,7 +126,9 @@ def expected(unit_text: str, proc_devices: str) -> dict[str, str]:
     return {**{node.path: "EPERM" if node.path in denied else "ENXIO" for node in NODES}, "/dev/null": "opened"}
 
 
-def test_unit_rules_deny_every_gpu_node_where_no_driver_registered_them(sandbox_host: str, ansible: AnsibleRunner) -> None:
+def test_unit_rules_deny_every_gpu_node_where_no_driver_registered_them(
+    sandbox_host: str, ansible: AnsibleRunner
+) -> None:
     opened, unit_text = probe(ansible, sandbox_host, [])
     proc_devices = shell(ansible, sandbox_host, "cat /proc/devices")
     print(f"{sandbox_host}, the unit's rules {device_rules(unit_text)[1]}: {opened}")
@@ -107,8 +138,15 @@ def test_unit_rules_deny_every_gpu_node_where_no_driver_registered_them(sandbox_
 
 def test_unit_rules_at_the_h200s_majors_allow_every_gpu_node(sandbox_host: str, ansible: AnsibleRunner) -> None:
     _policy, rules = device_rules(shell(ansible, sandbox_host, f"systemctl cat {UNIT}"))
-    majors = sorted({node.major for node in listed_nodes(H200) if not denied_nodes(
-        "DevicePolicy=closed\n" + "".join(f"DeviceAllow={rule} rw\n" for rule in rules), H200, [node])})
+    majors = sorted(
+        {
+            node.major
+            for node in listed_nodes(H200)
+            if not denied_nodes(
+                "DevicePolicy=closed\n" + "".join(f"DeviceAllow={rule} rw\n" for rule in rules), H200, [node]
+            )
+        }
+    )
     translated = ["DeviceAllow="] + [f"DeviceAllow=char-{major} rw" for major in majors] + ["DeviceAllow=char-me? rw"]
     opened, unit_text = probe(ansible, sandbox_host, translated)
     proc_devices = shell(ansible, sandbox_host, "cat /proc/devices")
@@ -124,11 +162,14 @@ def test_crash_loop_ends_failed_at_the_start_limit(sandbox_host: str, ansible: A
     # The unit's own Restart=always and start limit; only the command (it crashes) and the pause are the test's.
     dropin = "[Service]\nExecStart=\nExecStart=/bin/false\nRestartSec=200ms\n"
     ansible(sandbox_host, "ansible.builtin.copy", json.dumps({"dest": DROPIN, "mode": "0644", "content": dropin}))
-    state = shell(ansible, sandbox_host,
-                  f"systemctl daemon-reload && systemctl reset-failed {UNIT}; systemctl start {UNIT}; "
-                  f"for i in $(seq 100); do systemctl is-failed -q {UNIT} && break; sleep 0.2; done; sleep 1; "
-                  f"systemctl show -p ActiveState,NRestarts,StartLimitBurst {UNIT}; "
-                  f"journalctl -u {UNIT} -o cat --no-pager | grep -c 'Start request repeated too quickly'")
+    state = shell(
+        ansible,
+        sandbox_host,
+        f"systemctl daemon-reload && systemctl reset-failed {UNIT}; systemctl start {UNIT}; "
+        f"for i in $(seq 100); do systemctl is-failed -q {UNIT} && break; sleep 0.2; done; sleep 1; "
+        f"systemctl show -p ActiveState,NRestarts,StartLimitBurst {UNIT}; "
+        f"journalctl -u {UNIT} -o cat --no-pager | grep -c 'Start request repeated too quickly'",
+    )
     print(f"{sandbox_host} {UNIT} after a crash loop: {state.split()}")
     properties = dict(line.split("=", 1) for line in state.splitlines() if "=" in line)
     # It stays failed (no further restart a second later): systemd refused the restart after the burst.

@@ -41,8 +41,7 @@ def character_classes(proc_devices: str) -> list[tuple[int, str]]:
 
 def listed_nodes(listing: str) -> list[Node]:
     """Character device nodes of an `ls -la /dev/...` listing."""
-    return [Node(m.group(3), int(m.group(1)), int(m.group(2)))
-            for m in map(NODE_LINE.match, listing.splitlines()) if m]
+    return [Node(m.group(3), int(m.group(1)), int(m.group(2))) for m in map(NODE_LINE.match, listing.splitlines()) if m]
 
 
 def device_rules(unit_text: str) -> tuple[str, list[str]]:
@@ -80,7 +79,8 @@ def is_allowed(node: Node, policy: str, allowed: set[tuple[int, int | None]]) ->
     if policy == "auto" and not allowed:
         return True
     static = policy in ("closed", "auto") and (
-        (node.major, node.minor) in STATIC_NODES or node.major == 136)  # 136: pts
+        (node.major, node.minor) in STATIC_NODES or node.major == 136
+    )  # 136: pts
     return static or (node.major, None) in allowed or (node.major, node.minor) in allowed
 
 

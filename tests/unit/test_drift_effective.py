@@ -37,13 +37,32 @@ def venv(tmp_path: Path) -> tuple[Path, dict]:
         make_wheel(wheels, name, version)
     venv = tmp_path / "venv"
     subprocess.run(["/usr/bin/python3.11", "-m", "venv", "--without-pip", str(venv)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-index",
-                    "--find-links", str(wheels), "--no-deps", "--quiet", "--disable-pip-version-check",
-                    "demo-app==1.0", "demo-lib==2.0"], check=True)
-    lock = pip_lock.format_lock({"stack": "demo"}, [
-        pip_lock.LockEntry("demo-app", "1.0", (sha256(wheels / "demo_app-1.0-py3-none-any.whl"),)),
-        pip_lock.LockEntry("demo-lib", "2.0", (sha256(wheels / "demo_lib-2.0-py3-none-any.whl"),)),
-    ])
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-index",
+            "--find-links",
+            str(wheels),
+            "--no-deps",
+            "--quiet",
+            "--disable-pip-version-check",
+            "demo-app==1.0",
+            "demo-lib==2.0",
+        ],
+        check=True,
+    )
+    lock = pip_lock.format_lock(
+        {"stack": "demo"},
+        [
+            pip_lock.LockEntry("demo-app", "1.0", (sha256(wheels / "demo_app-1.0-py3-none-any.whl"),)),
+            pip_lock.LockEntry("demo-lib", "2.0", (sha256(wheels / "demo_lib-2.0-py3-none-any.whl"),)),
+        ],
+    )
     (venv / "gpufleet.lock").write_text(lock)
     return venv, {"kind": "venv", "path": str(venv), "lock": lock.rstrip("\n")}
 
@@ -91,8 +110,15 @@ def test_kernel_settings_in_effect(tmp_path: Path) -> None:
     (tmp_path / "vm" / "max_map_count").write_text("1048576\n")
     (tmp_path / "net" / "ipv4").mkdir(parents=True)
     (tmp_path / "net" / "ipv4" / "ip_local_port_range").write_text("32768\t60999\n")
-    spec = {"kind": "sysctl", "settings": {"vm.swappiness": 1, "vm.max_map_count": 1048576,
-                                           "net.ipv4.ip_local_port_range": "32768 60999", "vm.nothing": 1}}
+    spec = {
+        "kind": "sysctl",
+        "settings": {
+            "vm.swappiness": 1,
+            "vm.max_map_count": 1048576,
+            "net.ipv4.ip_local_port_range": "32768 60999",
+            "vm.nothing": 1,
+        },
+    }
     assert fields(run([spec], proc_sys=str(tmp_path))) == [
         ("sysctl vm.nothing", "value", "1", "no such setting"),
         ("sysctl vm.swappiness", "value", "1", "60"),
@@ -105,19 +131,27 @@ def test_a_read_only_proc_sys_is_noted_not_drift() -> None:
         pytest.skip("/proc/sys is writable here")
     result = run([{"kind": "sysctl", "settings": {"vm.swappiness": 12345}}])
     assert result["status"] == "ok" and result["notes"] == [
-        "/proc/sys is read-only here (a container): kernel settings in effect not compared"]
+        "/proc/sys is read-only here (a container): kernel settings in effect not compared"
+    ]
 
 
 def test_dkms_status_lines_of_both_dkms_generations() -> None:
     # dkms 3 (Debian 12, Ubuntu 24.04) and dkms 2 (Ubuntu 22.04) print a kernel per line; "added" has none.
-    status = ("nvidia/580.95.05, 6.1.0-18-amd64, x86_64: installed\n"
-              "nvidia, 580.95.05, 5.15.0-91-generic, x86_64: built\n"
-              "nvidia/580.95.05: added\n")
+    status = (
+        "nvidia/580.95.05, 6.1.0-18-amd64, x86_64: installed\n"
+        "nvidia, 580.95.05, 5.15.0-91-generic, x86_64: built\n"
+        "nvidia/580.95.05: added\n"
+    )
     assert drift_stack.dkms_kernel_states(status) == {"6.1.0-18-amd64": "installed", "5.15.0-91-generic": "built"}
 
 
 def test_installed_kernels_are_the_images_in_boot(tmp_path: Path) -> None:
-    for name in ("vmlinuz-6.1.0-18-amd64", "vmlinuz-6.1.0-17-amd64", "config-6.1.0-18-amd64", "initrd.img-6.1.0-18-amd64"):
+    for name in (
+        "vmlinuz-6.1.0-18-amd64",
+        "vmlinuz-6.1.0-17-amd64",
+        "config-6.1.0-18-amd64",
+        "initrd.img-6.1.0-18-amd64",
+    ):
         (tmp_path / name).write_text("")
     assert drift_stack.installed_kernels(str(tmp_path)) == ["6.1.0-17-amd64", "6.1.0-18-amd64"]
     assert drift_stack.installed_kernels(str(tmp_path / "none")) == []

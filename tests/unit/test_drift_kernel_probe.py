@@ -42,8 +42,12 @@ def make_venv(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def probe(venv: Path) -> dict:
-    result = subprocess.run([str(venv / "bin" / "python"), "-I", "-B", "-c", kernel_key.TORCH_PROBE], capture_output=True,
-                            text=True, check=True)
+    result = subprocess.run(
+        [str(venv / "bin" / "python"), "-I", "-B", "-c", kernel_key.TORCH_PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -51,8 +55,9 @@ def mark(venv: Path, recorded: dict) -> None:
     """The marker the flash_attn role writes: the key, the probe it came from and torch's identity then."""
     key = kernel_key.build_key(kernel_key.key_components(PACKAGE, recorded, None, "", {}))
     (venv / "gpufleet-kernels").mkdir(exist_ok=True)
-    (venv / "gpufleet-kernels" / f"{PACKAGE['name']}.json").write_text(json.dumps(
-        {"key": key, "torch_probe": recorded, "torch_identity": kernel_key.torch_identity(str(venv))}))
+    (venv / "gpufleet-kernels" / f"{PACKAGE['name']}.json").write_text(
+        json.dumps({"key": key, "torch_probe": recorded, "torch_identity": kernel_key.torch_identity(str(venv))})
+    )
 
 
 def check(venv: Path) -> list[drift_checks.Finding]:
@@ -83,8 +88,10 @@ def test_a_torch_changed_since_the_marker_is_reported_from_a_new_probe(tmp_path:
     record.write_text("torch/__init__.py,sha256=z,1\n")
 
     (finding,) = check(venv)
-    assert (finding.field, finding.detail) == ("build key", "the installed wheel was built for another torch, CUDA, "
-                                                          "arch list or source: rebuild")
+    assert (finding.field, finding.detail) == (
+        "build key",
+        "the installed wheel was built for another torch, CUDA, arch list or source: rebuild",
+    )
 
 
 def test_a_marker_without_an_identity_is_probed(tmp_path: Path, monkeypatch) -> None:

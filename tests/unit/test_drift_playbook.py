@@ -27,13 +27,34 @@ PLAYBOOK = PROJECT_ROOT / "playbooks" / "drift.yml"
 ROLES = PROJECT_ROOT / "roles"
 
 # Modules that only read (or only run on the controller without touching the host), by their FQCN.
-READ_ONLY_MODULES = frozenset({f"gpufleet.fleet.{name}" for name in (
-    "drift_probe", "drift_result", "gpu_health", "nvidia_fabric_manager", "nvidia_gpu_info", "torch_stack_info",
-    "stack_host_check", "stack_validate")} | {
-    "ansible.builtin.assert", "ansible.builtin.debug", "ansible.builtin.fail", "ansible.builtin.set_fact",
-    "ansible.builtin.include_vars", "ansible.builtin.setup", "ansible.builtin.stat", "ansible.builtin.getent",
-    "ansible.builtin.slurp", "ansible.builtin.service_facts", "ansible.builtin.package_facts",
-})
+READ_ONLY_MODULES = frozenset(
+    {
+        f"gpufleet.fleet.{name}"
+        for name in (
+            "drift_probe",
+            "drift_result",
+            "gpu_health",
+            "nvidia_fabric_manager",
+            "nvidia_gpu_info",
+            "torch_stack_info",
+            "stack_host_check",
+            "stack_validate",
+        )
+    }
+    | {
+        "ansible.builtin.assert",
+        "ansible.builtin.debug",
+        "ansible.builtin.fail",
+        "ansible.builtin.set_fact",
+        "ansible.builtin.include_vars",
+        "ansible.builtin.setup",
+        "ansible.builtin.stat",
+        "ansible.builtin.getent",
+        "ansible.builtin.slurp",
+        "ansible.builtin.service_facts",
+        "ansible.builtin.package_facts",
+    }
+)
 INCLUDES = frozenset({"ansible.builtin.include_tasks", "ansible.builtin.import_tasks"})
 ROLE_INCLUDES = frozenset({"ansible.builtin.include_role", "ansible.builtin.import_role"})
 KEYWORDS = frozenset(Task.fattributes) | frozenset(Block.fattributes) | {"local_action"}
@@ -162,7 +183,9 @@ def test_drift_playbook_uses_read_only_modules_only() -> None:
     assert walk.problems == []
     layer_files = {str(layer_file(layer).relative_to(PROJECT_ROOT)) for layer in LAYERS}
     assert layer_files <= set(walk.modules), "every layer's task file is walked"
-    assert "roles/base/tasks/drift.yml" in layer_files and "roles/nvidia_driver/tasks/gpu_health_drift.yml" in layer_files
+    assert (
+        "roles/base/tasks/drift.yml" in layer_files and "roles/nvidia_driver/tasks/gpu_health_drift.yml" in layer_files
+    )
     # The walk reached into the roles' preflights, and drift_probe compares the declared layers.
     assert any(name.startswith("roles/") and name.endswith("/tasks/preflight.yml") for name in walk.modules)
     assert {"gpufleet.fleet.drift_probe", "gpufleet.fleet.drift_result"} <= set().union(*walk.modules.values())
@@ -180,10 +203,14 @@ def test_the_playbook_compares_every_layer_of_the_registry() -> None:
 def test_the_layer_file_dispatches_through_the_registry() -> None:
     # What the walk's expansion of a templated include_role stands for: the role and task file of the layer.
     (task,) = yaml.safe_load((PROJECT_ROOT / "playbooks" / "drift" / "layer.yml").read_text())
-    assert task["vars"] == {"__drift_layer": "{{ gpufleet_layers | selectattr('name', 'equalto', drift_layer) | first }}"}
+    assert task["vars"] == {
+        "__drift_layer": "{{ gpufleet_layers | selectattr('name', 'equalto', drift_layer) | first }}"
+    }
     (include,) = task["block"]
     assert include["ansible.builtin.include_role"] == {
-        "name": "{{ __drift_layer.role }}", "tasks_from": "{{ __drift_layer.drift_tasks | default('drift.yml') }}"}
+        "name": "{{ __drift_layer.role }}",
+        "tasks_from": "{{ __drift_layer.drift_tasks | default('drift.yml') }}",
+    }
     assert all(layer.drift_file.is_file() for layer in layers.registry())
 
 
@@ -206,12 +233,22 @@ def scratch() -> Path:
 
 
 def test_the_walk_finds_a_writing_module_in_an_included_layer(scratch: Path) -> None:
-    write(scratch, "layers/base.yml", [{"name": "a sneaky write", "ansible.builtin.copy": {"dest": "/x", "content": ""}}])
-    play = {"name": "p", "hosts": "all", "check_mode": True, "vars": {"drift_layers": ["base"]},
-            "tasks": [{"name": "t", "block": [{"name": "i", "ansible.builtin.include_tasks": "layers/{{ drift_layer }}.yml"}]}]}
+    write(
+        scratch, "layers/base.yml", [{"name": "a sneaky write", "ansible.builtin.copy": {"dest": "/x", "content": ""}}]
+    )
+    play = {
+        "name": "p",
+        "hosts": "all",
+        "check_mode": True,
+        "vars": {"drift_layers": ["base"]},
+        "tasks": [
+            {"name": "t", "block": [{"name": "i", "ansible.builtin.include_tasks": "layers/{{ drift_layer }}.yml"}]}
+        ],
+    }
     walk = walk_playbook(write(scratch, "drift.yml", [play]))
-    assert walk.problems == ["playbooks/.test-drift-lint/layers/base.yml: a sneaky write: "
-                             "module ansible.builtin.copy is not read-only"]
+    assert walk.problems == [
+        "playbooks/.test-drift-lint/layers/base.yml: a sneaky write: module ansible.builtin.copy is not read-only"
+    ]
 
 
 def test_the_walk_refuses_check_mode_off_whole_roles_and_plays_outside_check_mode(scratch: Path) -> None:
@@ -233,8 +270,11 @@ def sneaky_role(scratch: Path, name: str, drift_tasks: list) -> Path:
     """A role under scratch/roles whose tasks/drift.yml is drift_tasks, beside a preflight that writes."""
     roles = scratch / "roles"
     write(roles / name / "tasks", "drift.yml", drift_tasks)
-    write(roles / name / "tasks", "preflight.yml",
-          [{"name": "a sneaky write", "ansible.builtin.copy": {"dest": "/x", "content": ""}}])
+    write(
+        roles / name / "tasks",
+        "preflight.yml",
+        [{"name": "a sneaky write", "ansible.builtin.copy": {"dest": "/x", "content": ""}}],
+    )
     write(roles / name / "meta", "main.yml", {"dependencies": []})
     return roles
 
@@ -243,18 +283,30 @@ def layer_play(scratch: Path) -> Path:
     """drift.yml's play over layer `base`, dispatching as drift/layer.yml does."""
     task = yaml.safe_load((PROJECT_ROOT / "playbooks" / "drift" / "layer.yml").read_text())
     write(scratch, "drift/layer.yml", task)
-    play = {"name": "p", "hosts": "all", "check_mode": True, "vars": {"drift_layers": ["base"]},
-            "tasks": [{"name": "t", "ansible.builtin.include_tasks": "drift/layer.yml"}]}
+    play = {
+        "name": "p",
+        "hosts": "all",
+        "check_mode": True,
+        "vars": {"drift_layers": ["base"]},
+        "tasks": [{"name": "t", "ansible.builtin.include_tasks": "drift/layer.yml"}],
+    }
     return write(scratch, "drift.yml", [play])
 
 
 def test_the_walk_follows_the_layer_into_its_role_and_finds_a_write_there(scratch: Path) -> None:
-    roles = sneaky_role(scratch, "sneaky", [
-        {"name": "sneaky: check", "block": [{"name": "pre", "ansible.builtin.include_tasks": "preflight.yml"}]},
-        {"name": "sneaky: probe", "gpufleet.fleet.drift_probe": {"layer": "base", "checks": []}}])
+    roles = sneaky_role(
+        scratch,
+        "sneaky",
+        [
+            {"name": "sneaky: check", "block": [{"name": "pre", "ansible.builtin.include_tasks": "preflight.yml"}]},
+            {"name": "sneaky: probe", "gpufleet.fleet.drift_probe": {"layer": "base", "checks": []}},
+        ],
+    )
     walk = walk_playbook(layer_play(scratch), roles=roles, registry={"base": ("sneaky", "drift.yml")})
-    assert walk.problems == ["playbooks/.test-drift-lint/roles/sneaky/tasks/preflight.yml: a sneaky write: "
-                             "module ansible.builtin.copy is not read-only"]
+    assert walk.problems == [
+        "playbooks/.test-drift-lint/roles/sneaky/tasks/preflight.yml: a sneaky write: "
+        "module ansible.builtin.copy is not read-only"
+    ]
     assert "playbooks/.test-drift-lint/roles/sneaky/tasks/drift.yml" in walk.modules
 
 
@@ -263,15 +315,19 @@ def test_the_walk_refuses_a_layer_without_a_role_and_a_role_with_dependencies(sc
     write(roles / "needy" / "meta", "main.yml", {"dependencies": ["base"]})
     assert walk_playbook(layer_play(scratch), roles=roles, registry={}).problems == [
         "playbooks/.test-drift-lint/drift/layer.yml: Run the checks of layer {{ drift_layer }}: "
-        "layer base names no role in the layer registry"]
+        "layer base names no role in the layer registry"
+    ]
     assert walk_playbook(layer_play(scratch), roles=roles, registry={"base": ("needy", "drift.yml")}).problems == [
         "playbooks/.test-drift-lint/drift/layer.yml: Run the checks of layer {{ drift_layer }}: "
-        "role needy has dependencies, which including it would run"]
+        "role needy has dependencies, which including it would run"
+    ]
 
 
 def test_the_walk_follows_role_preflights(scratch: Path) -> None:
     tasks = [{"name": "pre", "ansible.builtin.include_role": {"name": "nvidia_driver", "tasks_from": "install.yml"}}]
-    walk = walk_playbook(write(scratch, "drift.yml", [{"name": "p", "hosts": "all", "check_mode": True, "tasks": tasks}]))
+    walk = walk_playbook(
+        write(scratch, "drift.yml", [{"name": "p", "hosts": "all", "check_mode": True, "tasks": tasks}])
+    )
     # The driver role's install file installs the driver: the walk must see that.
     assert any("nvidia_runfile is not read-only" in problem for problem in walk.problems), walk.problems
 
@@ -287,8 +343,12 @@ def fabric_manager_reads(tasks: list) -> list[str]:
         checks = (task.get("gpufleet.fleet.drift_probe") or {}).get("checks") or []
         # A templated check list (a string) is searched as text.
         kinds = [check.get("kind") for check in checks if isinstance(check, dict)] if isinstance(checks, list) else []
-        if ("gpufleet.fleet.nvidia_fabric_manager" in task or "fabric_manager" in kinds
-                or isinstance(checks, str) and "fabric_manager" in checks):
+        if (
+            "gpufleet.fleet.nvidia_fabric_manager" in task
+            or "fabric_manager" in kinds
+            or isinstance(checks, str)
+            and "fabric_manager" in checks
+        ):
             found.append(task["name"])
     return found
 
@@ -297,4 +357,6 @@ def test_one_layer_owns_the_fabric_manager() -> None:
     # The driver layer installs it with the driver and its rebuild repairs it; a second reader (gpu_health did)
     # reports one wrong fabric manager twice, once as a layer whose rebuild is the driver's anyway.
     reads = {layer: fabric_manager_reads(yaml.safe_load(layer_file(layer).read_text())) for layer in LAYERS}
-    assert {layer: names for layer, names in reads.items() if names} == {"driver": ["Layer driver: compare with the node"]}
+    assert {layer: names for layer, names in reads.items() if names} == {
+        "driver": ["Layer driver: compare with the node"]
+    }

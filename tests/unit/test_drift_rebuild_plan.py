@@ -5,12 +5,16 @@ from __future__ import annotations
 from gpufleet.drift_rebuild import plan_rebuild
 from gpufleet.report import FleetReport, ReportBuilder
 
-ALL = ["base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "ray_cluster", "serve",
-       "proxy"]
+ALL = ["base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "ray_cluster", "serve", "proxy"]
 
 
-def report(statuses: dict[str, str], drift: dict[str, list[dict]] | None = None, unreachable: bool = False,
-           not_declared: tuple[str, ...] = ("proxy",), layers: list[str] = ALL) -> FleetReport:
+def report(
+    statuses: dict[str, str],
+    drift: dict[str, list[dict]] | None = None,
+    unreachable: bool = False,
+    not_declared: tuple[str, ...] = ("proxy",),
+    layers: list[str] = ALL,
+) -> FleetReport:
     builder = ReportBuilder()
     builder.record_plan("lab-1", layers)
     if unreachable:
@@ -18,8 +22,9 @@ def report(statuses: dict[str, str], drift: dict[str, list[dict]] | None = None,
         return builder.build()
     for layer in layers:
         status = "not_declared" if layer in not_declared else statuses.get(layer, "ok")
-        builder.record_layer("lab-1", {"layer": layer, "status": status, "drift": (drift or {}).get(layer, []),
-                                       "checked": 1})
+        builder.record_layer(
+            "lab-1", {"layer": layer, "status": status, "drift": (drift or {}).get(layer, []), "checked": 1}
+        )
     return builder.build()
 
 
@@ -57,13 +62,19 @@ def test_full_rebuilds_every_declared_layer_with_a_new_venv() -> None:
 
 def test_a_package_outside_the_lock_needs_a_new_venv_and_a_damaged_weight_a_new_staging() -> None:
     venv = [item("venv /opt/gpufleet/venvs/x", "package requests-mock", "absent (not in the lock)", "1.0")]
-    model = [item("model tiny-qwen2", "file model.safetensors", "sha256:aaaa", "sha256:bbbb"),
-             item("model tiny-qwen2-greedy", "generation_config.json", '{"temperature": 0.0}', '{"temperature": 0.5}')]
+    model = [
+        item("model tiny-qwen2", "file model.safetensors", "sha256:aaaa", "sha256:bbbb"),
+        item("model tiny-qwen2-greedy", "generation_config.json", '{"temperature": 0.0}', '{"temperature": 0.5}'),
+    ]
     plan = plan_rebuild(report({"venv": "drifted", "model": "drifted"}, {"venv": venv, "model": model}))
     assert plan.fresh_venv and plan.fresh_models == ["tiny-qwen2"]
-    assert plan.extravars(False) == {"rebuild_layers": ["venv", "kernels", "model", "serve"], "rebuild_fresh_venv": True,
-                                     "rebuild_fresh_models": ["tiny-qwen2"], "rebuild_reinstall": [],
-                                     "rebuild_allow_many": False}
+    assert plan.extravars(False) == {
+        "rebuild_layers": ["venv", "kernels", "model", "serve"],
+        "rebuild_fresh_venv": True,
+        "rebuild_fresh_models": ["tiny-qwen2"],
+        "rebuild_reinstall": [],
+        "rebuild_allow_many": False,
+    }
     changed = [item("venv /opt/gpufleet/venvs/x", "package idna", "3.20", "2.0")]
     assert not plan_rebuild(report({"venv": "drifted"}, {"venv": changed})).fresh_venv
 

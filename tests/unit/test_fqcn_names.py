@@ -27,8 +27,13 @@ def filter_names() -> list[str]:
 
 
 def content_files() -> list[Path]:
-    listed = subprocess.run(["git", "ls-files", "playbooks", "roles", "molecule", "inventories"], cwd=PROJECT_ROOT,
-                            capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        ["git", "ls-files", "playbooks", "roles", "molecule", "inventories"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return [PROJECT_ROOT / name for name in listed if re.search(r"\.(ya?ml|j2)$", name)]
 
 
@@ -43,33 +48,52 @@ def test_the_scan_knows_gpufleet_plugins_and_catches_short_names() -> None:
     assert {"drift_probe", "gpufleet_stack", "unsafe_values"} <= set(MODULES) | set(LOOKUPS) | set(filter_names())
     text = "- drift_probe:\n    x: \"{{ lookup('gpufleet_stack', 'venv') | unsafe_values }}\"\n"
     assert short_names(text) == ["drift_probe", "gpufleet_stack", "unsafe_values"]
-    assert short_names(text.replace("drift_probe", "gpufleet.fleet.drift_probe")
-                       .replace("'gpufleet_stack'", "'gpufleet.fleet.gpufleet_stack'")
-                       .replace("| unsafe_values", "| gpufleet.fleet.unsafe_values")) == []
+    assert (
+        short_names(
+            text.replace("drift_probe", "gpufleet.fleet.drift_probe")
+            .replace("'gpufleet_stack'", "'gpufleet.fleet.gpufleet_stack'")
+            .replace("| unsafe_values", "| gpufleet.fleet.unsafe_values")
+        )
+        == []
+    )
 
 
 def test_playbooks_roles_and_scenarios_use_full_names() -> None:
-    found = {str(path.relative_to(PROJECT_ROOT)): names for path in content_files()
-             if (names := short_names(path.read_text(encoding="utf-8")))}
+    found = {
+        str(path.relative_to(PROJECT_ROOT)): names
+        for path in content_files()
+        if (names := short_names(path.read_text(encoding="utf-8")))
+    }
     assert found == {}
 
 
 def ad_hoc_short_names(text: str) -> list[str]:
     """Modules run by short name from code: testinfra's host.ansible("X"), argv ["-m", "X"], a shell `-m X`."""
     names = "|".join(MODULES)
-    return (re.findall(r"""(?:host\.ansible\(\s*|["']-m["'],\s*)["'](%s)["']""" % names, text)
-            + re.findall(r"-m[ \t]+(%s)\b" % names, text))
+    return re.findall(r"""(?:host\.ansible\(\s*|["']-m["'],\s*)["'](%s)["']""" % names, text) + re.findall(
+        r"-m[ \t]+(%s)\b" % names, text
+    )
 
 
 def test_tests_and_scripts_run_gpufleet_modules_by_full_name() -> None:
     # A short name here fails only when the testinfra check, lab test or device script runs (the python_stack
     # scenario's torch_stack_info check and the fabric manager lab test did, after the checkout lost its
     # library path).
-    assert ad_hoc_short_names('host.ansible("torch_stack_info", "venv=x") ["-m", "nvidia_fabric_manager"] -m '
-                              'gpu_health -m gpufleet.fleet.gpu_health') == ["torch_stack_info",
-                                                                             "nvidia_fabric_manager", "gpu_health"]
-    listed = subprocess.run(["git", "ls-files", "molecule", "tests/integration", "scripts", "bench"],
-                            cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout.split()
-    found = {name: hits for name in listed if re.search(r"\.(py|sh)$", name)
-             if (hits := ad_hoc_short_names((PROJECT_ROOT / name).read_text(encoding="utf-8")))}
+    assert ad_hoc_short_names(
+        'host.ansible("torch_stack_info", "venv=x") ["-m", "nvidia_fabric_manager"] -m '
+        "gpu_health -m gpufleet.fleet.gpu_health"
+    ) == ["torch_stack_info", "nvidia_fabric_manager", "gpu_health"]
+    listed = subprocess.run(
+        ["git", "ls-files", "molecule", "tests/integration", "scripts", "bench"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    found = {
+        name: hits
+        for name in listed
+        if re.search(r"\.(py|sh)$", name)
+        if (hits := ad_hoc_short_names((PROJECT_ROOT / name).read_text(encoding="utf-8")))
+    }
     assert found == {}

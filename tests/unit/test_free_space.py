@@ -35,8 +35,14 @@ def _play(tmp_path: Path, tasks: str, variables: dict) -> subprocess.CompletedPr
     book = tmp_path / "play.yml"
     book.write_text(f"- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n{tasks}")
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", str(book),
-            "-e", json.dumps({"ansible_python_interpreter": sys.executable, **variables})]
+    argv = [
+        str(REPO / ".venv/bin/ansible-playbook"),
+        "-i",
+        "localhost,",
+        str(book),
+        "-e",
+        json.dumps({"ansible_python_interpreter": sys.executable, **variables}),
+    ]
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -54,13 +60,22 @@ def _zeros_tarball(path: Path, size: int) -> str:
 def test_the_module_counts_unpacked_sizes_and_names_path_free_and_needed(tmp_path: Path, small_disk: Path) -> None:
     archive = tmp_path / "a.tar.gz"
     _zeros_tarball(archive, 3 * 2**20)
-    result = _play(tmp_path, ("    - gpufleet.fleet.free_space: {path: '{{ where }}', archives: ['{{ archive }}'], bytes: 100,"
-                                " what: a test}\n"),
-                   {"where": str(small_disk / "not" / "yet"), "archive": str(archive)})
+    result = _play(
+        tmp_path,
+        (
+            "    - gpufleet.fleet.free_space: {path: '{{ where }}', archives: ['{{ archive }}'], bytes: 100,"
+            " what: a test}\n"
+        ),
+        {"where": str(small_disk / "not" / "yet"), "archive": str(archive)},
+    )
     assert result.returncode != 0
-    assert (f"not enough free space for a test: {small_disk}/not/yet (file system of {small_disk}) has 1048576 bytes "
-            f"(0.00 GiB) free, {3 * 2**20 + 2 + 100} bytes") in result.stdout, result.stdout[-2000:]
-    fits = _play(tmp_path, "    - gpufleet.fleet.free_space: {path: '{{ where }}', bytes: 4096}\n", {"where": str(small_disk)})
+    assert (
+        f"not enough free space for a test: {small_disk}/not/yet (file system of {small_disk}) has 1048576 bytes "
+        f"(0.00 GiB) free, {3 * 2**20 + 2 + 100} bytes"
+    ) in result.stdout, result.stdout[-2000:]
+    fits = _play(
+        tmp_path, "    - gpufleet.fleet.free_space: {path: '{{ where }}', bytes: 4096}\n", {"where": str(small_disk)}
+    )
     assert fits.returncode == 0 and "changed=0" in fits.stdout
 
 
@@ -68,25 +83,41 @@ def test_the_artifact_copy_is_refused_before_it_fills_the_node(tmp_path: Path, s
     source = tmp_path / "NVIDIA-Linux-x86_64-580.95.05.run"
     source.write_bytes(os.urandom(2 * 2**20))
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
-    result = _play(tmp_path, "    - ansible.builtin.include_role: {name: artifact}\n", {
-        "artifact_spec": {"path": str(source), "sha256": digest}, "artifact_name": "test runfile",
-        "artifact_node_cache": str(small_disk / "artifacts")})
+    result = _play(
+        tmp_path,
+        "    - ansible.builtin.include_role: {name: artifact}\n",
+        {
+            "artifact_spec": {"path": str(source), "sha256": digest},
+            "artifact_name": "test runfile",
+            "artifact_node_cache": str(small_disk / "artifacts"),
+        },
+    )
     assert result.returncode != 0
-    assert f"not enough free space for copying test runfile: {small_disk}/artifacts/{digest} (file system of " \
-           f"{small_disk}) has 1048576 bytes (0.00 GiB) free, {2 * 2**20} bytes (0.00 GiB) needed" in result.stdout, \
-        result.stdout[-3000:]
+    assert (
+        f"not enough free space for copying test runfile: {small_disk}/artifacts/{digest} (file system of "
+        f"{small_disk}) has 1048576 bytes (0.00 GiB) free, {2 * 2**20} bytes (0.00 GiB) needed" in result.stdout
+    ), result.stdout[-3000:]
     assert not (small_disk / "artifacts").exists()
 
 
 def test_a_model_is_not_unpacked_where_it_does_not_fit(tmp_path: Path, small_disk: Path) -> None:
     tarball = tmp_path / "tiny.tar.gz"
     digest = _zeros_tarball(tarball, 4 * 2**20)
-    result = _play(tmp_path, "    - ansible.builtin.include_role: {name: model_store}\n", {
-        "model_store_models": [{"name": "tiny", "path": str(tarball), "sha256": digest}],
-        "model_store_root": str(small_disk / "models"), "model_store_group": "root",
-        "artifact_controller_cache": str(tmp_path / "controller"), "artifact_node_cache": str(tmp_path / "node-cache")})
+    result = _play(
+        tmp_path,
+        "    - ansible.builtin.include_role: {name: model_store}\n",
+        {
+            "model_store_models": [{"name": "tiny", "path": str(tarball), "sha256": digest}],
+            "model_store_root": str(small_disk / "models"),
+            "model_store_group": "root",
+            "artifact_controller_cache": str(tmp_path / "controller"),
+            "artifact_node_cache": str(tmp_path / "node-cache"),
+        },
+    )
     assert result.returncode != 0
-    assert f"not enough free space for unpacking model tiny: {small_disk}/models (file system of {small_disk}/models)" \
-           in result.stdout, result.stdout[-3000:]
+    assert (
+        f"not enough free space for unpacking model tiny: {small_disk}/models (file system of {small_disk}/models)"
+        in result.stdout
+    ), result.stdout[-3000:]
     assert f"{4 * 2**20 + 2} bytes (0.00 GiB) needed" in result.stdout
     assert os.listdir(small_disk / "models") == []

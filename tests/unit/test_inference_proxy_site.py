@@ -18,14 +18,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SITE_TEMPLATE = REPO / "roles/inference_proxy/templates/etc/nginx/conf.d/gpufleet-inference.conf.j2"
-MOZILLA_INTERMEDIATE = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
-                        "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:"
-                        "DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384")
+MOZILLA_INTERMEDIATE = (
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+    "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:"
+    "DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384"
+)
 API_KEYS = ["client-one-0123456789abcdef", "client-two-0123456789abcdef"]
 VLLM_KEY = "vllm-own-key-0123456789abcdef"
 BASE = {
-    "inference_proxy_tls_cert": "CERT", "inference_proxy_tls_key": "KEY",
-    "inference_proxy_api_keys": API_KEYS, "inference_proxy_metrics_token": "metrics-token-0123456789",
+    "inference_proxy_tls_cert": "CERT",
+    "inference_proxy_tls_key": "KEY",
+    "inference_proxy_api_keys": API_KEYS,
+    "inference_proxy_metrics_token": "metrics-token-0123456789",
     "inference_proxy_backends": [{"name": "main", "port": 8000}, {"name": "greedy", "port": 8001}],
     "inference_proxy_backend_api_key": VLLM_KEY,
 }
@@ -51,8 +55,13 @@ PLAYBOOK = """
 def run_role(tmp_path: Path, overrides: dict[str, object]) -> subprocess.CompletedProcess[str]:
     book = tmp_path / "play.yml"
     book.write_text(PLAYBOOK)
-    variables = {**BASE, **overrides, "site_template": str(SITE_TEMPLATE), "site_out": str(tmp_path / "site.conf"),
-                 "ansible_python_interpreter": str(REPO / ".venv/bin/python")}
+    variables = {
+        **BASE,
+        **overrides,
+        "site_template": str(SITE_TEMPLATE),
+        "site_out": str(tmp_path / "site.conf"),
+        "ansible_python_interpreter": str(REPO / ".venv/bin/python"),
+    }
     (tmp_path / "vars.json").write_text(json.dumps(variables))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
     argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", str(book), "-e", f"@{tmp_path / 'vars.json'}"]
@@ -82,13 +91,17 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_the_limit_counts_by_key_and_unauthenticated_requests_by_address(site: str) -> None:
     zones = dict(re.findall(r"^limit_req_zone (\S+) zone=(\w+):", site, flags=re.M)[i][::-1] for i in range(3))
-    assert zones == {"gpufleet_per_key": "$gpufleet_api_key_id",
-                     "gpufleet_unauthenticated": "$gpufleet_unauthenticated_client",
-                     "gpufleet_metrics_unauthenticated": "$gpufleet_metrics_unauthenticated_client"}
+    assert zones == {
+        "gpufleet_per_key": "$gpufleet_api_key_id",
+        "gpufleet_unauthenticated": "$gpufleet_unauthenticated_client",
+        "gpufleet_metrics_unauthenticated": "$gpufleet_metrics_unauthenticated_client",
+    }
     # Each valid key has a bucket of its own, named by a hash of the key, not by the client's address.
     for key in API_KEYS:
         assert f'"Bearer {key}" {hashlib.sha256(key.encode()).hexdigest()[:16]};' in site
-    assert re.search(r'map \$gpufleet_api_key_id \$gpufleet_unauthenticated_client \{\n\s+"" \$binary_remote_addr;', site)
+    assert re.search(
+        r'map \$gpufleet_api_key_id \$gpufleet_unauthenticated_client \{\n\s+"" \$binary_remote_addr;', site
+    )
     api, metrics = servers(site)
     assert "limit_req zone=gpufleet_per_key burst=40 nodelay;" in api
     assert "limit_req zone=gpufleet_unauthenticated burst=10 nodelay;" in api
@@ -134,8 +147,18 @@ def test_vllm_gets_its_own_key_not_the_clients(site: str) -> None:
     assert site.count(f'proxy_set_header Authorization "Bearer {VLLM_KEY}";') == site.count("proxy_pass ")
 
 
-@pytest.mark.parametrize("bad", ['x" ; return 200 "0123456789abcdef', "0123456789abcdef;", "$0123456789abcdef",
-                                 "0123456789 abcdef", "0123456789abcdef\nallow all", "", "short"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        'x" ; return 200 "0123456789abcdef',
+        "0123456789abcdef;",
+        "$0123456789abcdef",
+        "0123456789 abcdef",
+        "0123456789abcdef\nallow all",
+        "",
+        "short",
+    ],
+)
 @pytest.mark.parametrize("where", ["instance", "default", "api", "metrics"])
 def test_keys_that_could_add_a_directive_are_refused(tmp_path: Path, where: str, bad: str) -> None:
     overrides: dict[str, object] = {
@@ -147,22 +170,29 @@ def test_keys_that_could_add_a_directive_are_refused(tmp_path: Path, where: str,
     result = run_role(tmp_path, overrides)
     output = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 2, output
-    named = {"instance": "the vLLM key of instance 'main'", "default": "the vLLM key of instance 'greedy'",
-             "api": "API key number 2 of inference_proxy_api_keys", "metrics": "inference_proxy_metrics_token"}[where]
+    named = {
+        "instance": "the vLLM key of instance 'main'",
+        "default": "the vLLM key of instance 'greedy'",
+        "api": "API key number 2 of inference_proxy_api_keys",
+        "metrics": "inference_proxy_metrics_token",
+    }[where]
     assert f"{named} must be 16 or more characters" in output
     assert not (tmp_path / "site.conf").exists()
     if len(bad) > 5:
         assert bad not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(("variable", "value"), [
-    ("inference_proxy_backends", [{"name": "main;", "port": 8000}]),
-    ("inference_proxy_routes", [{"path": "/v1 { return 200; }", "instances": ["main"]}]),
-    ("inference_proxy_metrics_allow", ["10.0.0.0/8; allow all"]),
-    ("inference_proxy_real_ip_from", ["0.0.0.0/0 all"]),
-    ("inference_proxy_rate_limit", "20r/s burst=1000"),
-    ("inference_proxy_server_name", "node; return 200"),
-])
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("inference_proxy_backends", [{"name": "main;", "port": 8000}]),
+        ("inference_proxy_routes", [{"path": "/v1 { return 200; }", "instances": ["main"]}]),
+        ("inference_proxy_metrics_allow", ["10.0.0.0/8; allow all"]),
+        ("inference_proxy_real_ip_from", ["0.0.0.0/0 all"]),
+        ("inference_proxy_rate_limit", "20r/s burst=1000"),
+        ("inference_proxy_server_name", "node; return 200"),
+    ],
+)
 def test_values_that_could_add_a_directive_are_refused(tmp_path: Path, variable: str, value: object) -> None:
     result = run_role(tmp_path, {variable: value})
     assert result.returncode == 2

@@ -30,12 +30,18 @@ def _run(tmp_path: Path, venv: Path, cache_dir: Path) -> subprocess.CompletedPro
     book = tmp_path / "play.yml"
     book.write_text(PLAYBOOK)
     extra = {
-        "repo": str(REPO), "flash_attn_venv": str(venv),
+        "repo": str(REPO),
+        "flash_attn_venv": str(venv),
         "__flash_attn_cache_dir": str(cache_dir),
-        "__flash_attn_key": {"key": KEY, "up_to_date": False, "probe": {"python": "3.11.2", "torch": "2.13.0+cpu"},
-                             "torch_identity": None},
+        "__flash_attn_key": {
+            "key": KEY,
+            "up_to_date": False,
+            "probe": {"python": "3.11.2", "torch": "2.13.0+cpu"},
+            "torch_identity": None,
+        },
         "__flash_attn_package": {"name": "demo-kernel", "version": "1.0", "import_name": "demo_kernel"},
-        "__flash_attn_builder": "builder-1", "__flash_attn_built_here": False,
+        "__flash_attn_builder": "builder-1",
+        "__flash_attn_built_here": False,
         "artifact_controller_cache": str(tmp_path / "controller-artifacts"),
         "artifact_node_cache": str(tmp_path / "node-artifacts"),
         "ansible_python_interpreter": sys.executable,
@@ -46,8 +52,12 @@ def _run(tmp_path: Path, venv: Path, cache_dir: Path) -> subprocess.CompletedPro
 
 
 def _installed(venv: Path) -> str:
-    return subprocess.run([str(venv / "bin" / "python"), "-c", "import demo_kernel; print(demo_kernel.VALUE)"],
-                          capture_output=True, text=True, check=False).stdout.strip()
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import demo_kernel; print(demo_kernel.VALUE)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
 
 
 def test_a_swapped_wheel_is_refused_and_the_recorded_one_installed(tmp_path: Path) -> None:
@@ -56,8 +66,9 @@ def test_a_swapped_wheel_is_refused_and_the_recorded_one_installed(tmp_path: Pat
     cache_dir = tmp_path / "kernels" / "demo-kernel" / KEY
     cache_dir.mkdir(parents=True)
     built = make_wheel(tmp_path / "built", "demo_kernel", "1.0", "VALUE = 'built'\n")
-    (cache_dir / "key.json").write_text(json.dumps(
-        {"key": KEY, "wheel": built.name, "sha256": sha256(built), "built_on": "builder-1"}))
+    (cache_dir / "key.json").write_text(
+        json.dumps({"key": KEY, "wheel": built.name, "sha256": sha256(built), "built_on": "builder-1"})
+    )
 
     # What sits in the cache is not what the builder recorded (swapped, or cut short by an interrupted copy).
     swapped = make_wheel(tmp_path / "swapped", "demo_kernel", "1.0", "VALUE = 'swapped'\n")

@@ -17,8 +17,9 @@ from gpufleet.lab.releases import RELEASES
 
 @pytest.fixture
 def config(tmp_path: Path) -> LabConfig:
-    return LabConfig(cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="lab",
-                     inventory_path=tmp_path / "hosts.yml")
+    return LabConfig(
+        cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="lab", inventory_path=tmp_path / "hosts.yml"
+    )
 
 
 @pytest.fixture
@@ -76,9 +77,11 @@ def test_a_debian13_host_gets_trixie_sources(config: LabConfig, fake_tree: hostl
     prepare_keys(config, [fake_tree])
     hostlib.configure_rootfs(fake_tree, config, "http://10.213.7.9:8780", RELEASES["debian13"])
     sources = (fake_tree.rootfs / "etc/apt/sources.list").read_text().splitlines()
-    assert sources == ["deb http://10.213.7.9:8780/debian trixie main",
-                       "deb http://10.213.7.9:8780/debian trixie-updates main",
-                       "deb http://10.213.7.9:8780/debian-security trixie-security main"]
+    assert sources == [
+        "deb http://10.213.7.9:8780/debian trixie main",
+        "deb http://10.213.7.9:8780/debian trixie-updates main",
+        "deb http://10.213.7.9:8780/debian-security trixie-security main",
+    ]
 
 
 def test_machine_id_survives_reconfiguration(config: LabConfig, fake_tree: hostlib.Host) -> None:

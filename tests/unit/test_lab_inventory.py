@@ -22,8 +22,9 @@ ROWS = [
 
 @pytest.fixture
 def config(tmp_path: Path) -> LabConfig:
-    return LabConfig(cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="lab",
-                     inventory_path=tmp_path / "hosts.yml")
+    return LabConfig(
+        cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="lab", inventory_path=tmp_path / "hosts.yml"
+    )
 
 
 def test_hosts_are_in_gpu_nodes_in_order(config: LabConfig) -> None:
@@ -58,8 +59,9 @@ def test_ansible_inventory_parses_it(config: LabConfig) -> None:
     if not tool.exists():
         tool = Path(shutil.which("ansible-inventory") or "ansible-inventory")
     inventory.write(config.inventory_path, inventory.render(config, ROWS))
-    result = subprocess.run([str(tool), "-i", str(config.inventory_path), "--list"],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [str(tool), "-i", str(config.inventory_path), "--list"], capture_output=True, text=True, check=True
+    )
     parsed = json.loads(result.stdout)
     assert sorted(parsed["gpu_nodes"]["hosts"]) == ["lab-1", "lab-2"]
     assert parsed["_meta"]["hostvars"]["lab-1"]["ansible_host"] == "10.213.7.6"

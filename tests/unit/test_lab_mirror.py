@@ -29,8 +29,9 @@ from gpufleet.lab.mirror_server import (
 
 @pytest.fixture
 def config(tmp_path: Path) -> LabConfig:
-    return LabConfig(cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="lab",
-                     inventory_path=tmp_path / "hosts.yml")
+    return LabConfig(
+        cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="lab", inventory_path=tmp_path / "hosts.yml"
+    )
 
 
 @pytest.fixture

@@ -80,9 +80,18 @@ def test_symlinks_out_of_the_root_are_not_followed(server: tuple[str, int], root
     assert get(server, "/runfiles/same.run")[0] == 200
 
 
-@pytest.mark.parametrize("line", [b"GET /runfiles/driver.run%00 HTTP/1.0", b"GET /run\x00files HTTP/1.0",
-                                  b"GET /%ff%fe HTTP/1.0", b"GET /\xff\xfe HTTP/1.0", b"GET /a%0d%0aX: y HTTP/1.0",
-                                  b"GET /%2e%2e/secret HTTP/1.0", b"GET /runfiles/%2e%2e/%2e%2e/secret HTTP/1.0"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"GET /runfiles/driver.run%00 HTTP/1.0",
+        b"GET /run\x00files HTTP/1.0",
+        b"GET /%ff%fe HTTP/1.0",
+        b"GET /\xff\xfe HTTP/1.0",
+        b"GET /a%0d%0aX: y HTTP/1.0",
+        b"GET /%2e%2e/secret HTTP/1.0",
+        b"GET /runfiles/%2e%2e/%2e%2e/secret HTTP/1.0",
+    ],
+)
 def test_odd_bytes_get_an_answer_and_the_server_goes_on(server: tuple[str, int], line: bytes) -> None:
     answer = raw_request(server, line)
     assert answer.split(b" ", 2)[1] in (b"400", b"404"), answer[:200]

@@ -12,8 +12,12 @@ from gpufleet.lab.config import LabConfig
 
 
 def lab(tmp_path: Path, prefix: str, directory: str) -> LabConfig:
-    return LabConfig(cache_dir=tmp_path / "cache", lab_dir=tmp_path / directory, prefix=prefix,
-                     inventory_path=tmp_path / directory / "hosts.yml")
+    return LabConfig(
+        cache_dir=tmp_path / "cache",
+        lab_dir=tmp_path / directory,
+        prefix=prefix,
+        inventory_path=tmp_path / directory / "hosts.yml",
+    )
 
 
 @pytest.fixture

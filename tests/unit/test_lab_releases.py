@@ -73,8 +73,10 @@ def test_a_linked_usr_bin_is_not_followed(tmp_path: Path) -> None:
 
 def test_the_inventory_records_each_hosts_os_and_python(tmp_path: Path) -> None:
     config = LabConfig(cache_dir=tmp_path, lab_dir=tmp_path, prefix="h", inventory_path=tmp_path / "h.yml")
-    hosts = [inventory.InventoryHost("h-1", "10.0.0.2", "http://10.0.0.1:8780", "debian12", "/usr/bin/python3.11"),
-             inventory.InventoryHost("h-2", "10.0.0.6", "http://10.0.0.5:8780", "debian13", "/usr/bin/python3.13")]
+    hosts = [
+        inventory.InventoryHost("h-1", "10.0.0.2", "http://10.0.0.1:8780", "debian12", "/usr/bin/python3.11"),
+        inventory.InventoryHost("h-2", "10.0.0.6", "http://10.0.0.5:8780", "debian13", "/usr/bin/python3.13"),
+    ]
     entries = yaml.safe_load(inventory.render(config, hosts))["all"]["children"]["gpu_nodes"]["hosts"]
     assert entries["h-1"]["gpufleet_lab_os"] == "debian12"
     assert entries["h-2"]["gpufleet_lab_os"] == "debian13"
@@ -84,8 +86,9 @@ def test_the_inventory_records_each_hosts_os_and_python(tmp_path: Path) -> None:
 def test_without_os_each_host_keeps_the_os_it_was_made_with(tmp_path: Path) -> None:
     config = LabConfig(cache_dir=tmp_path, lab_dir=tmp_path, prefix="h", inventory_path=tmp_path / "h.yml")
     hosts = [fleet.make_host(config, "10.213.7.0/24", index) for index in (1, 2, 3)]
-    for host, marker in zip(hosts, ['{"image": "a", "name": "h-1", "os": "debian13"}',
-                                    '{"image": "b", "name": "h-2"}']):
+    for host, marker in zip(
+        hosts, ['{"image": "a", "name": "h-1", "os": "debian13"}', '{"image": "b", "name": "h-2"}']
+    ):
         host.host_dir.mkdir(parents=True)
         host.marker.write_text(marker + "\n")
     # h-2 was made before hosts recorded their OS (a Debian 12 image), h-3 does not exist yet.
@@ -110,8 +113,13 @@ def written_excludes(tmp_path: Path) -> list[str]:
 # Paths as trixie's linux-image-6.12.118+deb13-amd64 and linux-headers-6.12.118+deb13-amd64 list them (dpkg -c).
 KERNEL = "6.12.118+deb13-amd64"
 LEFT_OUT = [f"/boot/vmlinuz-{KERNEL}", f"/usr/lib/modules/{KERNEL}/kernel/drivers/gpu/drm/nouveau/nouveau.ko.xz"]
-KEPT = [f"/usr/lib/modules/{KERNEL}/build", f"/usr/lib/modules/{KERNEL}/modules.order", f"/boot/config-{KERNEL}",
-        f"/usr/src/linux-headers-{KERNEL}/Module.symvers", f"/usr/share/doc/linux-image-{KERNEL}/copyright"]
+KEPT = [
+    f"/usr/lib/modules/{KERNEL}/build",
+    f"/usr/lib/modules/{KERNEL}/modules.order",
+    f"/boot/config-{KERNEL}",
+    f"/usr/src/linux-headers-{KERNEL}/Module.symvers",
+    f"/usr/share/doc/linux-image-{KERNEL}/copyright",
+]
 
 
 def test_debian13_hosts_leave_the_unrun_kernels_image_and_modules_out(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ from gpufleet.lab.rootfs import PlantedLinkError, tree_read, tree_write
 
 @pytest.fixture
 def config(tmp_path: Path) -> LabConfig:
-    return LabConfig(cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="lab",
-                     inventory_path=tmp_path / "hosts.yml")
+    return LabConfig(
+        cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="lab", inventory_path=tmp_path / "hosts.yml"
+    )
 
 
 @pytest.fixture
@@ -49,7 +50,8 @@ def snapshot(directory: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("planted", ["root/.ssh", "etc/apt", "etc/ssh", "etc", "root"])
 def test_a_planted_directory_link_is_refused_and_nothing_outside_is_written(
-        config: LabConfig, reused: hostlib.Host, controller: Path, planted: str) -> None:
+    config: LabConfig, reused: hostlib.Host, controller: Path, planted: str
+) -> None:
     link = reused.rootfs / planted
     os.rename(link, link.with_name(link.name + ".moved"))
     link.symlink_to(controller, target_is_directory=True)
@@ -59,8 +61,9 @@ def test_a_planted_directory_link_is_refused_and_nothing_outside_is_written(
     assert snapshot(controller) == before
 
 
-def test_planted_file_links_are_replaced_not_followed(config: LabConfig, reused: hostlib.Host,
-                                                      controller: Path) -> None:
+def test_planted_file_links_are_replaced_not_followed(
+    config: LabConfig, reused: hostlib.Host, controller: Path
+) -> None:
     (reused.rootfs / "root/.ssh/authorized_keys").symlink_to(controller / "authorized_keys")
     (reused.rootfs / "etc/apt/sources.list").symlink_to(controller / "sources.list")
     (reused.rootfs / "etc/machine-id").unlink()

@@ -26,8 +26,9 @@ BOOKWORM = RELEASES["debian12"]
 @pytest.fixture
 def config(tmp_path: Path) -> LabConfig:
     # A prefix no real lab uses, so namespaces and links on this machine never match.
-    return LabConfig(cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="zzunit",
-                     inventory_path=tmp_path / "hosts.yml")
+    return LabConfig(
+        cache_dir=tmp_path / "cache", lab_dir=tmp_path / "lab", prefix="zzunit", inventory_path=tmp_path / "hosts.yml"
+    )
 
 
 def test_state_round_trip(tmp_path: Path) -> None:
@@ -180,8 +181,11 @@ def test_each_release_has_its_own_recipe_and_cache_entry() -> None:
     trixie = RELEASES["debian13"]
     # Bookworm's recipe for trixie, plus the hook that keeps the unrun kernel's image out of /boot.
     bookworm = rootfs.recipe(BOOKWORM)
-    assert rootfs.recipe(trixie) == dict(bookworm, suite="trixie", customize_hooks=bookworm["customize_hooks"] + [
-        rootfs.unrun_kernel_hook(trixie.unrun_kernel_paths)])
+    assert rootfs.recipe(trixie) == dict(
+        bookworm,
+        suite="trixie",
+        customize_hooks=bookworm["customize_hooks"] + [rootfs.unrun_kernel_hook(trixie.unrun_kernel_paths)],
+    )
     assert rootfs.cached_tar(Path("/c"), trixie) != rootfs.cached_tar(Path("/c"), BOOKWORM)
 
 

@@ -78,6 +78,12 @@ def test_sigterm_is_passed_to_the_child_and_ends_the_loop(tmp_path: Path) -> Non
 def test_nspawn_command_boots_in_the_hosts_namespace(tmp_path: Path) -> None:
     command = nspawn_command("lab-1", tmp_path / "rootfs", "/run/netns/lab-1")
     assert command[0] == "systemd-nspawn"
-    for flag in ("--machine=lab-1", "--register=no", "--keep-unit", "--boot",
-                 "--network-namespace-path=/run/netns/lab-1", f"--directory={tmp_path / 'rootfs'}"):
+    for flag in (
+        "--machine=lab-1",
+        "--register=no",
+        "--keep-unit",
+        "--boot",
+        "--network-namespace-path=/run/netns/lab-1",
+        f"--directory={tmp_path / 'rootfs'}",
+    ):
         assert flag in command

@@ -15,8 +15,11 @@ def site_imports() -> list[dict]:
 
 
 def test_site_imports_every_layer_with_a_playbook_in_registry_order_tagged_with_its_name() -> None:
-    imported = [(entry["ansible.builtin.import_playbook"], entry.get("tags")) for entry in site_imports()
-                if entry["ansible.builtin.import_playbook"] not in ("preflight.yml", "verify.yml", "resume.yml")]
+    imported = [
+        (entry["ansible.builtin.import_playbook"], entry.get("tags"))
+        for entry in site_imports()
+        if entry["ansible.builtin.import_playbook"] not in ("preflight.yml", "verify.yml", "resume.yml")
+    ]
     expected = [(layer.playbook, [layer.name]) for layer in layers.registry() if layer.playbook]
     assert imported == expected
 
@@ -46,9 +49,23 @@ def test_verify_follows_the_layers_that_can_break_a_link() -> None:
 
 
 def test_the_cli_reads_the_registry() -> None:
-    assert drift.LAYERS == layers.names() == (
-        "base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "ray_cluster", "serve",
-        "proxy")
+    assert (
+        drift.LAYERS
+        == layers.names()
+        == (
+            "base",
+            "driver",
+            "gpu_health",
+            "toolkit",
+            "python",
+            "venv",
+            "kernels",
+            "model",
+            "ray_cluster",
+            "serve",
+            "proxy",
+        )
+    )
     assert drift_rebuild.REBUILDABLE == tuple(name for name in layers.names() if name != "gpu_health")
     assert drift_rebuild.PROVIDED_BY == {"gpu_health": "driver"}
     assert drift_rebuild.DEPENDENTS["python"] == ("venv",)

@@ -16,8 +16,12 @@ DOC_BLOCKS = ("DOCUMENTATION", "EXAMPLES", "RETURN")
 def doc_blocks(path: Path) -> dict[str, str]:
     blocks = {}
     for node in ast.parse(path.read_text()).body:
-        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id in DOC_BLOCKS and isinstance(node.value, ast.Constant)):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in DOC_BLOCKS
+            and isinstance(node.value, ast.Constant)
+        ):
             blocks[node.targets[0].id] = node.value.value
     return blocks
 

@@ -29,18 +29,35 @@ def run_module(args: dict[str, Any], check_mode: bool = False) -> dict[str, Any]
 
     ansible-core's minimal callback prints "localhost | SUCCESS => {json}" or "localhost | FAILED! => {json}".
     """
-    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "gpufleet.fleet.nvidia_gpu_info",
-               "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
+    command = [
+        str(BIN / "ansible"),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        "gpufleet.fleet.nvidia_gpu_info",
+        "-a",
+        json.dumps(args),
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
     if check_mode:
         command.append("--check")
-    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-           "ANSIBLE_NOCOLOR": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=120,
-                            check=False)
+    env = {
+        **os.environ,
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=120, check=False
+    )
     # A failure is also printed as an [ERROR] block before the result line.
     found = re.search(r"^localhost \| (SUCCESS|FAILED!) => ", result.stdout, re.MULTILINE)
     assert found, f"ansible did not run (rc {result.returncode}):\n{result.stdout}\n{result.stderr}"
-    host_result, _ = json.JSONDecoder().raw_decode(result.stdout[found.end():])
+    host_result, _ = json.JSONDecoder().raw_decode(result.stdout[found.end() :])
     host_result["failed"] = found.group(1) == "FAILED!"
     assert (result.returncode != 0) == host_result["failed"], result.stderr
     return host_result
@@ -48,8 +65,9 @@ def run_module(args: dict[str, Any], check_mode: bool = False) -> dict[str, Any]
 
 def nvidia_smi(machine: SimulatedMachine, *arguments: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LD_LIBRARY_PATH": str(machine.library.parent)}
-    return subprocess.run([sys.executable, str(NVIDIA_SMI), *arguments], capture_output=True, text=True, env=env,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, str(NVIDIA_SMI), *arguments], capture_output=True, text=True, env=env, check=False
+    )
 
 
 @pytest.mark.parametrize("check_mode", [False, True])
@@ -65,9 +83,19 @@ def test_reads_the_h200_and_never_changes(simgpu_machine: SimulatedMachine, chec
 
 
 def test_expect_that_holds_passes(simgpu_machine: SimulatedMachine) -> None:
-    expect = {"driver_version": "580.159.04", "cuda_driver_min": "12.8", "gpu_count": 1, "model": "H200",
-              "min_memory_mib": 140000, "compute_capability": "9.0", "persistence": True, "ecc": True,
-              "ecc_errors": 0, "retired_pages_pending": False, "row_remap_pending": False}
+    expect = {
+        "driver_version": "580.159.04",
+        "cuda_driver_min": "12.8",
+        "gpu_count": 1,
+        "model": "H200",
+        "min_memory_mib": 140000,
+        "compute_capability": "9.0",
+        "persistence": True,
+        "ecc": True,
+        "ecc_errors": 0,
+        "retired_pages_pending": False,
+        "row_remap_pending": False,
+    }
     result = run_module({"library": str(simgpu_machine.library), "expect": expect}, check_mode=True)
     assert not result.get("failed") and result["changed"] is False and result["mismatches"] == []
 
@@ -86,8 +114,14 @@ def test_expect_fails_with_the_full_mismatch_list(simgpu_machine: SimulatedMachi
     assert messages[2].startswith("GPU 6 (uuid unknown): GPU is lost")
     assert len(messages) == 3
     assert result["msg"] == "3 mismatches with expect: " + "; ".join(messages)
-    assert result["mismatches"][0] == {"gpu": 0, "uuid": H200_UUID, "field": "ecc_errors", "expected": 0,
-                                       "actual": 12, "message": messages[0]}
+    assert result["mismatches"][0] == {
+        "gpu": 0,
+        "uuid": H200_UUID,
+        "field": "ecc_errors",
+        "expected": 0,
+        "actual": 12,
+        "message": messages[0],
+    }
     # The state is still returned so a drift run can use it.
     assert result["gpu_count"] == 8 and result["gpus"][6]["lost"] is True
 
@@ -99,8 +133,9 @@ def test_expect_fails_with_the_full_mismatch_list(simgpu_machine: SimulatedMachi
         (("mismatch", "570.133.20"), "version_mismatch", "Driver/library version mismatch"),
     ],
 )
-def test_driver_failures_are_named(simgpu_machine: SimulatedMachine, switch: tuple[str, ...], kind: str,
-                                   words: str) -> None:
+def test_driver_failures_are_named(
+    simgpu_machine: SimulatedMachine, switch: tuple[str, ...], kind: str, words: str
+) -> None:
     simgpu_machine.ctl(*switch)
     result = run_module({"library": str(simgpu_machine.library)}, check_mode=True)
     assert result["failed"] is True and result["changed"] is False
@@ -133,9 +168,24 @@ def test_module_agrees_with_nvidia_smi(simgpu_machine: SimulatedMachine) -> None
     simgpu_machine.ctl("gpu-count", "4")
     simgpu_machine.ctl("ecc-errors", "--gpu", "2", "5")
     simgpu_machine.ctl("persistence", "off", "--gpu", "1")
-    fields = ["index", "name", "uuid", "pci.bus_id", "driver_version", "compute_cap", "memory.total",
-              "memory.used", "persistence_mode", "ecc.mode.current", "ecc.errors.uncorrected.volatile.total",
-              "mig.mode.current", "power.limit", "temperature.gpu", "retired_pages.pending", "remapped_rows.pending"]
+    fields = [
+        "index",
+        "name",
+        "uuid",
+        "pci.bus_id",
+        "driver_version",
+        "compute_cap",
+        "memory.total",
+        "memory.used",
+        "persistence_mode",
+        "ecc.mode.current",
+        "ecc.errors.uncorrected.volatile.total",
+        "mig.mode.current",
+        "power.limit",
+        "temperature.gpu",
+        "retired_pages.pending",
+        "remapped_rows.pending",
+    ]
     smi = nvidia_smi(simgpu_machine, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits")
     assert smi.returncode == 0, smi.stderr
     rows = [dict(zip(fields, (value.strip() for value in row))) for row in csv.reader(smi.stdout.splitlines())]
@@ -170,19 +220,39 @@ def test_nvidia_smi_table_header_matches_the_module(simgpu_machine: SimulatedMac
 
 
 def test_ansible_doc_renders_the_module() -> None:
-    result = subprocess.run([str(BIN / "ansible-doc"), "-t", "module", "gpufleet.fleet.nvidia_gpu_info"], capture_output=True,
-                            text=True, cwd=PROJECT_ROOT, env={**os.environ, "ANSIBLE_NOCOLOR": "1"}, check=False)
+    result = subprocess.run(
+        [str(BIN / "ansible-doc"), "-t", "module", "gpufleet.fleet.nvidia_gpu_info"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1"},
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert "[WARNING]" not in result.stderr and "ERROR" not in result.stderr
     text = result.stdout
-    for words in ("nvidia_gpu_info", "libnvidia-ml.so.1", "expect", "ecc_errors", "row_remap_pending",
-                  "EXAMPLES", "RETURN VALUES", "mismatches", "check_mode"):
+    for words in (
+        "nvidia_gpu_info",
+        "libnvidia-ml.so.1",
+        "expect",
+        "ecc_errors",
+        "row_remap_pending",
+        "EXAMPLES",
+        "RETURN VALUES",
+        "mismatches",
+        "check_mode",
+    ):
         assert words in text, words
 
 
 def test_ansible_doc_json_has_suboptions_matching_the_argspec() -> None:
-    result = subprocess.run([str(BIN / "ansible-doc"), "-t", "module", "--json", "gpufleet.fleet.nvidia_gpu_info"],
-                            capture_output=True, text=True, cwd=PROJECT_ROOT, check=True)
+    result = subprocess.run(
+        [str(BIN / "ansible-doc"), "-t", "module", "--json", "gpufleet.fleet.nvidia_gpu_info"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        check=True,
+    )
     documented = json.loads(result.stdout)["gpufleet.fleet.nvidia_gpu_info"]["doc"]["options"]
     from ansible_collections.gpufleet.fleet.plugins.module_utils import nvml  # noqa: PLC0415
 

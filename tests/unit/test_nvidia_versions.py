@@ -25,7 +25,7 @@ LAB_NVCC = (PROJECT_ROOT / "lab" / "runfiles" / "toolkit" / "nvcc.in").read_text
 
 def lab_nvcc_output(release: str, version: str) -> str:
     """What the lab's nvcc stand-in prints for a toolkit (its echo lines, with the build's substitutions)."""
-    lines = [line.strip()[len('echo "'):-1] for line in LAB_NVCC.splitlines() if line.strip().startswith('echo "')]
+    lines = [line.strip()[len('echo "') : -1] for line in LAB_NVCC.splitlines() if line.strip().startswith('echo "')]
     return "\n".join(lines[:-1]).replace("@RELEASE@", release).replace("@VERSION@", version)
 
 
@@ -87,10 +87,20 @@ def test_compute_capability_of_the_real_h200() -> None:
 @pytest.mark.parametrize(
     ("text", "ptx", "capability"),
     [
-        ("9.0", False, (9, 0)), (" 12.0 ", False, (12, 0)), ("sm_90", False, (9, 0)), ("sm_120", False, (12, 0)),
-        ("sm_103", False, (10, 3)), ("compute_120", True, (12, 0)), ("compute_90", False, None),
-        ("sm_90a", True, None), ("sm_9", True, None), ("9.10", False, None), ("90", False, None), ("", False, None),
-        ("9.0.1", False, None), ("NVIDIA H200", True, None),
+        ("9.0", False, (9, 0)),
+        (" 12.0 ", False, (12, 0)),
+        ("sm_90", False, (9, 0)),
+        ("sm_120", False, (12, 0)),
+        ("sm_103", False, (10, 3)),
+        ("compute_120", True, (12, 0)),
+        ("compute_90", False, None),
+        ("sm_90a", True, None),
+        ("sm_9", True, None),
+        ("9.10", False, None),
+        ("90", False, None),
+        ("", False, None),
+        ("9.0.1", False, None),
+        ("NVIDIA H200", True, None),
     ],
 )
 def test_compute_capability(text: str, ptx: bool, capability: tuple[int, int] | None) -> None:
@@ -104,7 +114,12 @@ def test_callers_share_the_parser() -> None:
         parse_capability("compute_90")
     with pytest.raises(stack_spec.StackError, match="'sm_9' is not a compute capability"):
         stack_host.normalize_host_facts({"gpu_compute_capabilities": ["sm_9"]})
-    facts = stack_host.normalize_host_facts({"driver_cuda_version": "13000", "nvcc_version": H200_NVCC,
-                                        "gpu_compute_capabilities": ["SM_90", "compute_120", [8, 6]]})
+    facts = stack_host.normalize_host_facts(
+        {
+            "driver_cuda_version": "13000",
+            "nvcc_version": H200_NVCC,
+            "gpu_compute_capabilities": ["SM_90", "compute_120", [8, 6]],
+        }
+    )
     assert (facts["driver_cuda_version"], facts["nvcc_version"]) == ("13.0", "13.0")
     assert facts["gpu_compute_capabilities"] == ["9.0", "12.0", "8.6"]

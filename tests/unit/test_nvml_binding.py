@@ -50,8 +50,11 @@ def test_h200_defaults(simgpu_machine: SimGpu) -> None:
     assert gpu["row_remap_pending"] is False and gpu["row_remap_failure"] is False
     assert gpu["remapped_rows_corrected"] == 0 and gpu["remapped_rows_uncorrected"] == 0
     # Hopper has row remapping instead of page retirement: reported as unsupported, not as an error.
-    assert gpu["unsupported"] == ["retired_pages_single_bit_ecc", "retired_pages_double_bit_ecc",
-                                  "retired_pages_pending"]
+    assert gpu["unsupported"] == [
+        "retired_pages_single_bit_ecc",
+        "retired_pages_double_bit_ecc",
+        "retired_pages_pending",
+    ]
     assert gpu["retired_pages_pending"] is None
     assert gpu["errors"] == {}
     assert set(gpu) == {"index", "lost", "unsupported", "errors", *nvml.GPU_FIELDS}
@@ -146,8 +149,16 @@ def test_lost_gpu_is_reported_not_raised(simgpu_machine: SimGpu) -> None:
 def test_not_supported_fields_are_none_and_listed(simgpu_machine: SimGpu) -> None:
     simgpu_machine.ctl("not-supported", "temperature", "power_limit", "mig", "persistence_mode", "row_remapping")
     gpu = read(simgpu_machine)["gpus"][0]
-    for field in ("temperature_c", "power_limit_w", "mig_mode", "mig_mode_pending", "persistence_mode",
-                  "remapped_rows_corrected", "row_remap_pending", "row_remap_failure"):
+    for field in (
+        "temperature_c",
+        "power_limit_w",
+        "mig_mode",
+        "mig_mode_pending",
+        "persistence_mode",
+        "remapped_rows_corrected",
+        "row_remap_pending",
+        "row_remap_failure",
+    ):
         assert gpu[field] is None
         assert field in gpu["unsupported"]
     assert gpu["name"] == "NVIDIA H200" and gpu["errors"] == {}

@@ -91,24 +91,53 @@ def test_every_mismatch_is_listed(simgpu_machine: SimulatedMachine) -> None:
     [
         (("mig", "on"), {"mig": False}, "mig", "MIG mode is on, expected off"),
         (("ecc", "off"), {"ecc": True}, "ecc", "ECC mode is off, expected on"),
-        (("set", "gpus.0.name", '"NVIDIA A100-SXM4-80GB"'), {"model": "H200"}, "model",
-         "model is 'NVIDIA A100-SXM4-80GB', expected 'H200'"),
-        (("set", "gpus.0.memory_total_bytes", "85899345920"), {"min_memory_mib": 140000}, "min_memory_mib",
-         "81920 MiB of memory, expected at least 140000 MiB"),
-        (("set", "gpus.0.compute_capability", "[8, 0]"), {"compute_capability": "9.0"}, "compute_capability",
-         "compute capability 8.0, expected 9.0"),
-        (("ecc-errors", "0", "--aggregate", "7"), {"ecc_errors_aggregate": 2}, "ecc_errors_aggregate",
-         "7 uncorrectable aggregate ECC errors, expected at most 2"),
-        (("retired-pages", "--double-bit", "1", "--pending"), {"retired_pages_pending": False},
-         "retired_pages_pending", "retired pages pending: yes (a reboot or GPU reset retires them), expected no"),
-        (("row-remap", "--pending"), {"row_remap_pending": False}, "row_remap_pending",
-         "row remapping pending: yes (a GPU reset applies it), expected no"),
-        (("row-remap", "--failure"), {"row_remap_failure": False}, "row_remap_failure",
-         "row remapping failed: yes (the GPU needs service), expected no"),
+        (
+            ("set", "gpus.0.name", '"NVIDIA A100-SXM4-80GB"'),
+            {"model": "H200"},
+            "model",
+            "model is 'NVIDIA A100-SXM4-80GB', expected 'H200'",
+        ),
+        (
+            ("set", "gpus.0.memory_total_bytes", "85899345920"),
+            {"min_memory_mib": 140000},
+            "min_memory_mib",
+            "81920 MiB of memory, expected at least 140000 MiB",
+        ),
+        (
+            ("set", "gpus.0.compute_capability", "[8, 0]"),
+            {"compute_capability": "9.0"},
+            "compute_capability",
+            "compute capability 8.0, expected 9.0",
+        ),
+        (
+            ("ecc-errors", "0", "--aggregate", "7"),
+            {"ecc_errors_aggregate": 2},
+            "ecc_errors_aggregate",
+            "7 uncorrectable aggregate ECC errors, expected at most 2",
+        ),
+        (
+            ("retired-pages", "--double-bit", "1", "--pending"),
+            {"retired_pages_pending": False},
+            "retired_pages_pending",
+            "retired pages pending: yes (a reboot or GPU reset retires them), expected no",
+        ),
+        (
+            ("row-remap", "--pending"),
+            {"row_remap_pending": False},
+            "row_remap_pending",
+            "row remapping pending: yes (a GPU reset applies it), expected no",
+        ),
+        (
+            ("row-remap", "--failure"),
+            {"row_remap_failure": False},
+            "row_remap_failure",
+            "row remapping failed: yes (the GPU needs service), expected no",
+        ),
     ],
 )
-def test_each_per_gpu_expectation(simgpu_machine: SimulatedMachine, switch: tuple[str, ...], expect: dict,
-                                  field: str, message_end: str) -> None:
+def test_each_per_gpu_expectation(
+    simgpu_machine: SimulatedMachine, switch: tuple[str, ...], expect: dict, field: str, message_end: str
+) -> None:
     assert check(simgpu_machine, expect) == []
     simgpu_machine.ctl(*switch)
     [mismatch] = check(simgpu_machine, expect)
@@ -135,7 +164,8 @@ def test_ecc_error_limit_fails_when_ecc_is_off(simgpu_machine: SimulatedMachine)
     [mismatch] = check(simgpu_machine, {"ecc_errors": 0})
     assert mismatch["actual"] is None
     assert mismatch["message"].endswith(
-        "uncorrectable volatile ECC error count not counted while ECC is off, expected at most 0")
+        "uncorrectable volatile ECC error count not counted while ECC is off, expected at most 0"
+    )
 
 
 def test_unsupported_value_fails_a_positive_expectation(simgpu_machine: SimulatedMachine) -> None:

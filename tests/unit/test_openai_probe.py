@@ -89,8 +89,10 @@ def make_handler(script: Script) -> type[BaseHTTPRequestHandler]:
             if body.get("model") not in script.models:
                 self._send(404, {"error": f"model {body.get('model')} does not exist"})
                 return
-            usage = {"prompt_tokens": len(str(body.get("prompt", body.get("messages"))).split()),
-                     "completion_tokens": body["max_tokens"]}
+            usage = {
+                "prompt_tokens": len(str(body.get("prompt", body.get("messages"))).split()),
+                "completion_tokens": body["max_tokens"],
+            }
             if body.get("stream"):
                 self._stream(usage)
             else:
@@ -160,11 +162,16 @@ def test_prompts_have_the_requested_length_and_differ_by_index() -> None:
 
 
 def test_payloads_for_each_endpoint() -> None:
-    spec = openai_http.RequestClass(name="t", endpoint="chat", prompt="hi", max_tokens=3,
-                                    extra_body={"ignore_eos": True})
+    spec = openai_http.RequestClass(
+        name="t", endpoint="chat", prompt="hi", max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert openai_http.build_payload(spec, "m", 0) == {
-        "model": "m", "max_tokens": 3, "temperature": 0.0, "messages": [{"role": "user", "content": "hi"}],
-        "ignore_eos": True}
+        "model": "m",
+        "max_tokens": 3,
+        "temperature": 0.0,
+        "messages": [{"role": "user", "content": "hi"}],
+        "ignore_eos": True,
+    }
     streamed = openai_http.build_payload(openai_http.RequestClass(name="s", stream=True, prompt="p"), "m", 0)
     assert streamed["prompt"] == "p" and streamed["stream"] is True
     assert streamed["stream_options"] == {"include_usage": True}
@@ -196,8 +203,9 @@ def test_health_wait_stops_when_the_server_will_not_answer(script: Script, base_
         checks.append("checked")
         return "vllm@main.service is failed" if len(checks) >= 3 else ""
 
-    health = openai_http.wait_for_health(openai_http.Server(base_url), "/health", timeout=3600, interval=0.01,
-                                         given_up=unit_failed_after_three_polls)
+    health = openai_http.wait_for_health(
+        openai_http.Server(base_url), "/health", timeout=3600, interval=0.01, given_up=unit_failed_after_three_polls
+    )
     assert not health["ok"] and health["attempts"] == 3
     assert health["given_up"] == "vllm@main.service is failed" and health["error"].startswith("HTTP 503")
 
@@ -256,17 +264,23 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "probe-test")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(1).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
     directory = tmp_path_factory.mktemp("tls")
     (directory / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (directory / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                          serialization.PrivateFormat.PKCS8,
-                                                          serialization.NoEncryption()))
+    (directory / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return directory / "cert.pem", directory / "key.pem"
 
 
@@ -289,18 +303,34 @@ def test_tls_is_verified_against_the_given_ca(tls_url: str, tls_files: tuple[Pat
 
 def run_module(args: dict[str, Any], check_mode: bool = False) -> dict[str, Any]:
     """`ansible localhost -m openai_probe`; returns the host result with `failed` from Ansible's verdict."""
-    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m",
-               "gpufleet.fleet.openai_probe",
-               "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
+    command = [
+        str(BIN / "ansible"),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        "gpufleet.fleet.openai_probe",
+        "-a",
+        json.dumps(args),
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
     if check_mode:
         command.append("--check")
-    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-           "ANSIBLE_NOCOLOR": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=120,
-                            check=False)
+    env = {
+        **os.environ,
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=120, check=False
+    )
     found = re.search(r"^localhost \| (SUCCESS|FAILED!) => ", result.stdout, re.MULTILINE)
     assert found, f"ansible did not run (rc {result.returncode}):\n{result.stdout}\n{result.stderr}"
-    host_result, _ = json.JSONDecoder().raw_decode(result.stdout[found.end():])
+    host_result, _ = json.JSONDecoder().raw_decode(result.stdout[found.end() :])
     host_result["failed"] = found.group(1) == "FAILED!"
     return host_result
 
@@ -308,14 +338,25 @@ def run_module(args: dict[str, Any], check_mode: bool = False) -> dict[str, Any]
 @pytest.mark.parametrize("check_mode", [False, True])
 def test_module_warms_up_and_never_changes(script: Script, base_url: str, check_mode: bool) -> None:
     script.health_failures = 2
-    result = run_module({"url": base_url, "health_timeout": 10, "health_interval": 0.1, "expect_models": ["tiny"],
-                         "requests": [{"name": "probe", "max_tokens": 1},
-                                      {"name": "burst", "count": 4, "concurrency": 4, "max_tokens": 8}]},
-                        check_mode=check_mode)
+    result = run_module(
+        {
+            "url": base_url,
+            "health_timeout": 10,
+            "health_interval": 0.1,
+            "expect_models": ["tiny"],
+            "requests": [
+                {"name": "probe", "max_tokens": 1},
+                {"name": "burst", "count": 4, "concurrency": 4, "max_tokens": 8},
+            ],
+        },
+        check_mode=check_mode,
+    )
     assert not result["failed"] and result["changed"] is False
     assert result["health"]["attempts"] == 3 and result["models"] == ["tiny"]
     assert [(r["name"], r["succeeded"], r["completion_tokens"]) for r in result["results"]] == [
-        ("probe", 1, 1), ("burst", 4, 32)]
+        ("probe", 1, 1),
+        ("burst", 4, 32),
+    ]
     assert [body["model"] for body in script.bodies] == ["tiny"] * 5
 
 
@@ -327,8 +368,9 @@ def test_module_fails_when_the_served_model_is_missing(script: Script, base_url:
 
 def test_module_fails_on_request_errors_and_keeps_the_figures(script: Script, base_url: str) -> None:
     script.api_key = "sekrit-key-123"
-    result = run_module({"url": base_url, "api_key": "sekrit-key-123", "model": "other",
-                         "requests": [{"name": "probe"}]})
+    result = run_module(
+        {"url": base_url, "api_key": "sekrit-key-123", "model": "other", "requests": [{"name": "probe"}]}
+    )
     assert result["failed"] and result["results"][0]["failed"] == 1
     assert result["msg"].startswith(f"requests to {base_url} failed: probe: 1/1 failed (HTTP 404")
     assert "sekrit-key-123" not in json.dumps(result), "the key is no_log"
@@ -337,7 +379,10 @@ def test_module_fails_on_request_errors_and_keeps_the_figures(script: Script, ba
 def test_module_rejects_meaningless_classes_in_one_line(base_url: str) -> None:
     result = run_module({"url": base_url, "requests": [{"name": "b", "count": 0, "concurrency": 0}]})
     assert result["failed"]
-    assert result["msg"] == "requests[b].count must be at least 1 (got 0); requests[b].concurrency must be at least 1 (got 0)"
+    assert (
+        result["msg"]
+        == "requests[b].count must be at least 1 (got 0); requests[b].concurrency must be at least 1 (got 0)"
+    )
 
 
 def test_module_reports_a_server_that_never_gets_healthy(script: Script, base_url: str) -> None:

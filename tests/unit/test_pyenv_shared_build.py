@@ -60,7 +60,8 @@ def _run(tmp_path: Path, node: str) -> subprocess.CompletedProcess[str]:
     book.write_text(PLAYBOOK)
     (tmp_path / "parent").mkdir(exist_ok=True)
     extra = {
-        "repo": str(REPO), "build_parent": str(tmp_path / "parent"),
+        "repo": str(REPO),
+        "build_parent": str(tmp_path / "parent"),
         "pyenv_python_root": str(tmp_path / node / "pyenv"),
         "pyenv_python_controller_cache": str(tmp_path / "controller" / "python-builds"),
         "artifact_controller_cache": str(tmp_path / "controller" / "artifacts"),

@@ -36,8 +36,12 @@ def _venv_on(link: Path, where: Path) -> Path:
 
 
 def _venv_runs(python: Path) -> str:
-    return subprocess.run([str(python), "-c", "import ssl, platform; print(platform.python_version())"],
-                          capture_output=True, text=True, check=False).stdout.strip()
+    return subprocess.run(
+        [str(python), "-c", "import ssl, platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
 
 
 def test_a_failed_rebuild_leaves_the_build_in_service_and_its_venvs(tmp_path: Path) -> None:
@@ -51,11 +55,22 @@ def test_a_failed_rebuild_leaves_the_build_in_service_and_its_venvs(tmp_path: Pa
     cache = tmp_path / "cache"
     digest = _broken_source(cache, VERSION)
     definition = tmp_path / "definition"
-    definition.write_text(f'install_package "Python-{VERSION}" "http://127.0.0.1:9/Python-{VERSION}.tgz#{digest}" standard\n')
+    definition.write_text(
+        f'install_package "Python-{VERSION}" "http://127.0.0.1:9/Python-{VERSION}.tgz#{digest}" standard\n'
+    )
     # The build in service is shared; a static build is requested, so a rebuild runs and fails.
-    result = _run_module(tmp_path, {"pyenv_root": str(root), "version": VERSION, "definition": str(definition),
-                                    "cache_path": str(cache), "enable_shared": False,
-                                    "log_dir": str(tmp_path / "logs")}, check=False)
+    result = _run_module(
+        tmp_path,
+        {
+            "pyenv_root": str(root),
+            "version": VERSION,
+            "definition": str(definition),
+            "cache_path": str(cache),
+            "enable_shared": False,
+            "log_dir": str(tmp_path / "logs"),
+        },
+        check=False,
+    )
     assert result["failed"] and result["built"]
     assert link.is_symlink() and os.readlink(link) == str(SERVING)
     assert _venv_runs(venv_python) == VERSION
@@ -79,8 +94,13 @@ def test_a_verified_build_is_switched_to_and_the_one_before_is_kept(tmp_path: Pa
     # Correct builds already unpacked at their keys' prefixes (as a shared build is): directories whose
     # interpreter is the machine's pyenv build.
     _unpacked(builds / f"{VERSION}-k1")
-    args = {"pyenv_root": str(root), "version": VERSION, "cache_path": str(tmp_path), "configure_opts": [],
-            "build_key": "k1"}
+    args = {
+        "pyenv_root": str(root),
+        "version": VERSION,
+        "cache_path": str(tmp_path),
+        "configure_opts": [],
+        "build_key": "k1",
+    }
 
     check = _run_module(tmp_path, args, check=True)
     assert check["changed"] and not check["built"] and check["reasons"] == ["version is 3.11.2, requested 3.11.7"]

@@ -60,13 +60,28 @@ def render(template: Path, role: Path, inventory: str = "", **extra: object) -> 
         # The role's defaults and vars as the inventory's all:vars, so that host variables override them as
         # they do in a play (extra vars would override the inventory's).
         document = yaml.safe_load(inventory or "all: {hosts: {localhost: {}}}")
-        document["all"]["vars"] = {**yaml.safe_load((role / "defaults" / "main.yml").read_text()),
-                                   **yaml.safe_load((role / "vars" / "main.yml").read_text())}
+        document["all"]["vars"] = {
+            **yaml.safe_load((role / "defaults" / "main.yml").read_text()),
+            **yaml.safe_load((role / "vars" / "main.yml").read_text()),
+        }
         hosts = Path(tree) / "hosts.yml"
         hosts.write_text(yaml.safe_dump(document))
-        command = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", str(hosts), "-c", "local",
-                   "-e", f"ansible_python_interpreter={sys.executable}", "-m", "template",
-                   "-a", f"src={template} dest={out} mode=0600", "-e", f"@{variables}"]
+        command = [
+            str(Path(sys.executable).parent / "ansible"),
+            "localhost",
+            "-i",
+            str(hosts),
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            "-m",
+            "template",
+            "-a",
+            f"src={template} dest={out} mode=0600",
+            "-e",
+            f"@{variables}",
+        ]
         result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, check=False)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
         return out.read_text()
@@ -81,8 +96,12 @@ all:
         localhost: {ray_cluster_node_address: 10.254.0.1, ansible_connection: local}
         node-2: {ray_cluster_node_address: 10.254.0.2}
 """
-CLUSTER = {"inventory": INVENTORY, "ray_cluster_group": "ray_cluster_lab", "ray_cluster_head": "localhost",
-           "__ray_cluster_venv_path": "/opt/gpufleet/venvs/v-1234"}
+CLUSTER = {
+    "inventory": INVENTORY,
+    "ray_cluster_group": "ray_cluster_lab",
+    "ray_cluster_head": "localhost",
+    "__ray_cluster_venv_path": "/opt/gpufleet/venvs/v-1234",
+}
 
 
 def exec_start(unit: str) -> list[str]:
@@ -102,17 +121,23 @@ def test_the_head_unit_starts_a_blocking_head_on_its_cluster_address_from_the_ve
 
 
 def test_a_worker_unit_joins_the_heads_gcs_and_honours_the_declared_networks() -> None:
-    worker = {**CLUSTER, "ray_cluster_head": "node-2", "ray_cluster_networks": ["10.254.0.0/30"],
-              "ray_cluster_num_gpus": 8}
+    worker = {
+        **CLUSTER,
+        "ray_cluster_head": "node-2",
+        "ray_cluster_networks": ["10.254.0.0/30"],
+        "ray_cluster_num_gpus": 8,
+    }
     unit = render(UNIT, ROLE, **worker)
     argv = exec_start(unit)
     assert "--address=10.254.0.2:6379" in argv and "--head" not in argv and "--num-gpus=8" in argv
     assert "IPAddressAllow=localhost 10.254.0.0/30" in unit.splitlines()
 
 
-SANDBOX = re.compile(r"^(NoNewPrivileges|CapabilityBoundingSet|AmbientCapabilities|ProtectSystem|ProtectHome|PrivateTmp|"
-                     r"PrivateDevices|DevicePolicy|DeviceAllow|Protect[A-Za-z]+|Restrict[A-Za-z]+|LockPersonality|"
-                     r"RemoveIPC|KeyringMode|PrivateUsers|SystemCall[A-Za-z]+|User|Group|UMask)=")
+SANDBOX = re.compile(
+    r"^(NoNewPrivileges|CapabilityBoundingSet|AmbientCapabilities|ProtectSystem|ProtectHome|PrivateTmp|"
+    r"PrivateDevices|DevicePolicy|DeviceAllow|Protect[A-Za-z]+|Restrict[A-Za-z]+|LockPersonality|"
+    r"RemoveIPC|KeyringMode|PrivateUsers|SystemCall[A-Za-z]+|User|Group|UMask)="
+)
 
 
 def test_the_ray_units_are_sandboxed_exactly_as_vllm_instances() -> None:
@@ -125,17 +150,38 @@ def test_the_ray_units_are_sandboxed_exactly_as_vllm_instances() -> None:
 def test_a_ray_instance_on_a_gpu_cluster_renders_pipeline_stages_over_the_cluster() -> None:
     # What the lab cannot run (vLLM's CPU platform has no Ray device key): two 8-GPU nodes, tensor parallel
     # inside each, pipeline parallel across them, the instance started on the head.
-    big = {"name": "big", "model": "/var/lib/gpufleet/models/llama-405b", "port": 8000, "gpus": list(range(8)),
-           "tensor_parallel_size": 8, "pipeline_parallel_size": 2, "distributed_executor_backend": "ray"}
+    big = {
+        "name": "big",
+        "model": "/var/lib/gpufleet/models/llama-405b",
+        "port": 8000,
+        "gpus": list(range(8)),
+        "tensor_parallel_size": 8,
+        "pipeline_parallel_size": 2,
+        "distributed_executor_backend": "ray",
+    }
     dropin = VLLM_ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.d" / "gpufleet.conf.j2"
-    unit = render(dropin, VLLM_ROLE, vllm_service_instances=[big], vllm_service_instance="{{ __vllm_service_instances[0] }}",
-                  ansible_facts={"memtotal_mb": 2_000_000})
+    unit = render(
+        dropin,
+        VLLM_ROLE,
+        vllm_service_instances=[big],
+        vllm_service_instance="{{ __vllm_service_instances[0] }}",
+        ansible_facts={"memtotal_mb": 2_000_000},
+    )
     argv = exec_start(unit)
     pairs = dict(zip(argv, argv[1:]))
     assert pairs["--tensor-parallel-size"] == "8" and pairs["--pipeline-parallel-size"] == "2"
     assert pairs["--distributed-executor-backend"] == "ray"
     # Without the key nothing changes for the single-node instances.
-    single = {key: value for key, value in big.items() if key not in ("pipeline_parallel_size", "distributed_executor_backend")}
-    unit = render(dropin, VLLM_ROLE, vllm_service_instances=[single], vllm_service_instance="{{ __vllm_service_instances[0] }}",
-                  ansible_facts={"memtotal_mb": 2_000_000})
+    single = {
+        key: value
+        for key, value in big.items()
+        if key not in ("pipeline_parallel_size", "distributed_executor_backend")
+    }
+    unit = render(
+        dropin,
+        VLLM_ROLE,
+        vllm_service_instances=[single],
+        vllm_service_instance="{{ __vllm_service_instances[0] }}",
+        ansible_facts={"memtotal_mb": 2_000_000},
+    )
     assert "--distributed-executor-backend" not in exec_start(unit)

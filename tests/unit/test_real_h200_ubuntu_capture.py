@@ -13,14 +13,22 @@ from gpufleet import PROJECT_ROOT
 
 CAPTURE = PROJECT_ROOT / "tests/fixtures/h200-real/ubuntu-24.04"
 BUILD_DEPS = yaml.safe_load((PROJECT_ROOT / "roles/pyenv_python/vars/Ubuntu-24.yml").read_text())[
-    "__pyenv_python_build_packages"]
+    "__pyenv_python_build_packages"
+]
 # The -dev package each optional CPython module is built against (CPython's setup.py detect_modules and the
 # pyenv wiki's build environment). _tkinter and nis are left out on purpose: gpufleet installs no tk-dev and no
 # libnsl-dev (servers need neither tkinter nor NIS).
 MODULE_PACKAGES = {
-    "_bz2": ["libbz2-dev"], "_curses": ["libncurses-dev"], "_curses_panel": ["libncurses-dev"],
-    "_dbm": ["libgdbm-compat-dev"], "_gdbm": ["libgdbm-dev"], "_lzma": ["liblzma-dev"], "_uuid": ["uuid-dev"],
-    "readline": ["libreadline-dev"], "_sqlite3": ["libsqlite3-dev"], "_ctypes": ["libffi-dev"],
+    "_bz2": ["libbz2-dev"],
+    "_curses": ["libncurses-dev"],
+    "_curses_panel": ["libncurses-dev"],
+    "_dbm": ["libgdbm-compat-dev"],
+    "_gdbm": ["libgdbm-dev"],
+    "_lzma": ["liblzma-dev"],
+    "_uuid": ["uuid-dev"],
+    "readline": ["libreadline-dev"],
+    "_sqlite3": ["libsqlite3-dev"],
+    "_ctypes": ["libffi-dev"],
 }
 NOT_WANTED = {"_tkinter", "nis"}
 
@@ -32,19 +40,24 @@ def text(name: str) -> str:
 def modules_not_built() -> set[str]:
     """Every module make listed as not found, disabled by configure, or failed."""
     make = text("cpython_make.txt")
-    sections = re.findall(r"(?:were not found|\*disabled\* by configure|Failed to build these modules):\n"
-                          r"((?:[^\n]+\n)+?)(?:\n|To find)", make)
+    sections = re.findall(
+        r"(?:were not found|\*disabled\* by configure|Failed to build these modules):\n"
+        r"((?:[^\n]+\n)+?)(?:\n|To find)",
+        make,
+    )
     return {word for block in sections for word in block.split()} - {"To", "find"}
 
 
 def dpkg_states() -> dict[str, str]:
-    rows = [line.split()[:2] for line in text("build_deps.txt").splitlines() if line.startswith(("installed", "missing"))]
+    rows = [
+        line.split()[:2] for line in text("build_deps.txt").splitlines() if line.startswith(("installed", "missing"))
+    ]
     return {package: state for state, package in rows}
 
 
 def test_the_machine_is_ubuntu_24_04_without_systemd() -> None:
     os_release = text("os.txt")
-    assert 'VERSION_ID="24.04"' in os_release and "NAME=\"Ubuntu\"" in os_release
+    assert 'VERSION_ID="24.04"' in os_release and 'NAME="Ubuntu"' in os_release
     assert "no packages found matching systemd" in os_release
 
 
@@ -92,5 +105,10 @@ def test_drift_read_the_real_driver_and_the_headers_by_the_release_prefix() -> N
     assert f"package {headers['__nvidia_driver_kernel_headers_prefix']}{kernel}:" in drift
     # Every layer compared, none in error: the GPUs are healthy, and what gpufleet would install is absent.
     statuses = {name: layer["status"] for name, layer in report["nodes"]["localhost"]["layers"].items()}
-    assert statuses == {"base": "drifted", "driver": "drifted", "gpu_health": "ok", "toolkit": "drifted",
-                        "python": "drifted"}
+    assert statuses == {
+        "base": "drifted",
+        "driver": "drifted",
+        "gpu_health": "ok",
+        "toolkit": "drifted",
+        "python": "drifted",
+    }

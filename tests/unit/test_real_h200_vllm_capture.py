@@ -82,8 +82,11 @@ def replay_url() -> Iterator[str]:
 
 
 def stream_usage() -> dict[str, int]:
-    chunks = [json.loads(line[len("data:"):]) for line in (RESPONSES / "completion-stream.txt").read_text().splitlines()
-              if line.startswith("data:") and line.strip() != "data: [DONE]"]
+    chunks = [
+        json.loads(line[len("data:") :])
+        for line in (RESPONSES / "completion-stream.txt").read_text().splitlines()
+        if line.startswith("data:") and line.strip() != "data: [DONE]"
+    ]
     return next(chunk["usage"] for chunk in reversed(chunks) if chunk.get("usage"))
 
 
@@ -97,16 +100,22 @@ def test_probe_reads_the_models_vllm_listed(replay_url: str) -> None:
 
 def test_probe_counts_the_tokens_of_vllms_completions(replay_url: str) -> None:
     usage = json.loads((RESPONSES / "completion.json").read_text())["usage"]
-    result = openai_http.run_class(openai_http.Server(replay_url, API_KEY),
-                                   openai_http.RequestClass(name="typical", count=3, concurrency=3), "gpu0")
+    result = openai_http.run_class(
+        openai_http.Server(replay_url, API_KEY),
+        openai_http.RequestClass(name="typical", count=3, concurrency=3),
+        "gpu0",
+    )
     assert (result["succeeded"], result["failed"]) == (3, 0)
     assert result["prompt_tokens"] == 3 * usage["prompt_tokens"]
     assert result["completion_tokens"] == 3 * usage["completion_tokens"] == 24
 
 
 def test_probe_reads_the_usage_at_the_end_of_vllms_stream(replay_url: str) -> None:
-    result = openai_http.run_class(openai_http.Server(replay_url, API_KEY),
-                                   openai_http.RequestClass(name="chat", stream=True, max_tokens=4), "gpu0")
+    result = openai_http.run_class(
+        openai_http.Server(replay_url, API_KEY),
+        openai_http.RequestClass(name="chat", stream=True, max_tokens=4),
+        "gpu0",
+    )
     assert result["succeeded"] == 1
     assert result["completion_tokens"] == stream_usage()["completion_tokens"] == 4
     assert result["ttft_s"]["max"] > 0
@@ -116,8 +125,10 @@ def test_the_figures_come_from_the_probe_classes_of_the_role() -> None:
     # The capture's classes are the role's warm-up classes, each request answered, first run and steady state.
     import yaml
 
-    classes = [entry["name"] for entry in yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-               ["vllm_service_warmup_requests"]]
+    classes = [
+        entry["name"]
+        for entry in yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["vllm_service_warmup_requests"]
+    ]
     figures = SERVE["figures"]
     for run in ("first", "steady"):
         assert list(figures[run]) == classes
@@ -143,12 +154,27 @@ def render_exec_start(tmp_path: Path) -> str:
         vllm_service_instance: "{{{{ __vllm_service_instances[0] }}}}"
 """)
     variables = tmp_path / "vars.json"
-    variables.write_text(json.dumps({
-        "ansible_python_interpreter": sys.executable, "vllm_service_venv": "/WORK/venv",
-        "vllm_service_instances": [{"name": "gpu0", "model": "/WORK/models/tiny-qwen2-gpu", "port": 8000, "gpus": [0]}],
-    }))
-    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-               "-e", f"@{variables}", str(playbook)]
+    variables.write_text(
+        json.dumps(
+            {
+                "ansible_python_interpreter": sys.executable,
+                "vllm_service_venv": "/WORK/venv",
+                "vllm_service_instances": [
+                    {"name": "gpu0", "model": "/WORK/models/tiny-qwen2-gpu", "port": 8000, "gpus": [0]}
+                ],
+            }
+        )
+    )
+    command = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-e",
+        f"@{variables}",
+        str(playbook),
+    ]
     env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg"))
     result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -161,10 +187,11 @@ def exec_start(dropin: str) -> str:
 
 def test_the_role_renders_the_command_line_that_served_on_the_h200(tmp_path: Path) -> None:
     captured = exec_start((CAPTURE / "vllm_rendered" / "gpu0.gpufleet.conf").read_text())
-    assert shlex.split(captured[len("ExecStart="):]) == SERVE["argv"]
+    assert shlex.split(captured[len("ExecStart=") :]) == SERVE["argv"]
     assert render_exec_start(tmp_path) == captured, (
         "the role's ExecStart= differs from the one vLLM 0.26.0 served with on the H200: run "
-        "scripts/verify-local-vllm.sh on a GPU machine and refresh tests/fixtures/h200-real/vllm_*")
+        "scripts/verify-local-vllm.sh on a GPU machine and refresh tests/fixtures/h200-real/vllm_*"
+    )
 
 
 def test_probe_finds_the_compiled_extension_vllm_0_26_ships(tmp_path: Path) -> None:
@@ -178,9 +205,14 @@ def test_probe_finds_the_compiled_extension_vllm_0_26_ships(tmp_path: Path) -> N
     info = tmp_path / "vllm-0.26.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
-    completed = subprocess.run([sys.executable, str(MODULE_UTILS / "torch_probe_script.py"), "{}"],
-                               capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(tmp_path)},
-                               check=False)
+    completed = subprocess.run(
+        [sys.executable, str(MODULE_UTILS / "torch_probe_script.py"), "{}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(tmp_path)},
+        check=False,
+    )
     vllm = torch_probe.parse_probe_lines(completed.stdout)["sections"]["vllm"]
     assert vllm["version"] == "0.26.0" and vllm["import_ok"] is True
     assert vllm["extension_ok"] is True, vllm.get("extension_error")
@@ -188,4 +220,6 @@ def test_probe_finds_the_compiled_extension_vllm_0_26_ships(tmp_path: Path) -> N
     # On the H200 that module loaded with vLLM serving, while the old probe's vllm._C did not exist.
     on_gpu = {entry["module"]: entry["ok"] for entry in SERVE["torch_stack_info"]["imports"]}
     assert on_gpu["vllm._C_stable_libtorch"] is True
-    assert SERVE["torch_stack_info"]["vllm"]["extension_error"]["text"] == "ModuleNotFoundError: No module named 'vllm._C'"
+    assert (
+        SERVE["torch_stack_info"]["vllm"]["extension_error"]["text"] == "ModuleNotFoundError: No module named 'vllm._C'"
+    )

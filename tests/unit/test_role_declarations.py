@@ -15,8 +15,16 @@ from gpufleet import PROJECT_ROOT, layers
 ROLES = PROJECT_ROOT / "roles"
 DRIFT_FILES = sorted({layer.drift_file for layer in layers.registry()})
 # Roles whose drift compares what their tasks create (the others compare what they compute: a lock, builds).
-DECLARING = ("base", "cuda_toolkit", "inference_proxy", "model_store", "nvidia_driver", "pyenv_python",
-             "ray_cluster", "vllm_service")
+DECLARING = (
+    "base",
+    "cuda_toolkit",
+    "inference_proxy",
+    "model_store",
+    "nvidia_driver",
+    "pyenv_python",
+    "ray_cluster",
+    "vllm_service",
+)
 
 
 def declarations(role: str) -> list[str]:
@@ -26,8 +34,11 @@ def declarations(role: str) -> list[str]:
 
 def readers(role: str, name: str) -> set[str]:
     """The role's task files and templates that read the variable."""
-    return {path.name for path in [*(ROLES / role / "tasks").glob("*.yml"), *(ROLES / role / "templates").rglob("*.j2")]
-            if re.search(rf"\b{re.escape(name)}\b", path.read_text())}
+    return {
+        path.name
+        for path in [*(ROLES / role / "tasks").glob("*.yml"), *(ROLES / role / "templates").rglob("*.j2")]
+        if re.search(rf"\b{re.escape(name)}\b", path.read_text())
+    }
 
 
 @pytest.mark.parametrize("role", DECLARING)

@@ -32,8 +32,15 @@ def _run_preflight(tmp_path: Path, role: str, extra: dict[str, object]) -> subpr
     book.write_text(PLAYBOOK)
     variables = {"role_under_test": role, "ansible_python_interpreter": str(REPO / ".venv/bin/python"), **extra}
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", "--check", str(book),
-            "-e", json.dumps(variables)]
+    argv = [
+        str(REPO / ".venv/bin/ansible-playbook"),
+        "-i",
+        "localhost,",
+        "--check",
+        str(book),
+        "-e",
+        json.dumps(variables),
+    ]
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
 
 
@@ -41,16 +48,33 @@ def _run_preflight(tmp_path: Path, role: str, extra: dict[str, object]) -> subpr
     ("role", "extra", "message"),
     [
         # The roles derive their inputs from gpufleet_stack: without one, the lookup says what to declare.
-        ("nvidia_driver", {"nvidia_driver_version": "580.95.05"},
-         "no gpufleet_stack is declared for this host: declare one per GPU class in the inventory's group_vars"),
-        ("pyenv_python", {},
-         "no gpufleet_stack is declared for this host: declare one per GPU class in the inventory's group_vars"),
+        (
+            "nvidia_driver",
+            {"nvidia_driver_version": "580.95.05"},
+            "no gpufleet_stack is declared for this host: declare one per GPU class in the inventory's group_vars",
+        ),
+        (
+            "pyenv_python",
+            {},
+            "no gpufleet_stack is declared for this host: declare one per GPU class in the inventory's group_vars",
+        ),
         # With a stack but no sha256 for a file the knowledge base cannot know, the fix is named.
-        ("nvidia_driver", {"gpufleet_stack": {"gpu": "H200", "driver": "580.95.05", "cuda": "13.0.2",
-                                              "python": "3.12", "torch": "2.11.0", "torch_variant": "cu130",
-                                              "vllm": "0.26.0"},
-                           "gpufleet_mirror_url": "https://mirror.invalid"},
-         "no sha256 is known for NVIDIA-Linux-x86_64-580.95.05.run: add it to gpufleet_artifact_sha256"),
+        (
+            "nvidia_driver",
+            {
+                "gpufleet_stack": {
+                    "gpu": "H200",
+                    "driver": "580.95.05",
+                    "cuda": "13.0.2",
+                    "python": "3.12",
+                    "torch": "2.11.0",
+                    "torch_variant": "cu130",
+                    "vllm": "0.26.0",
+                },
+                "gpufleet_mirror_url": "https://mirror.invalid",
+            },
+            "no sha256 is known for NVIDIA-Linux-x86_64-580.95.05.run: add it to gpufleet_artifact_sha256",
+        ),
     ],
 )
 def test_missing_required_input_is_named(tmp_path: Path, role: str, extra: dict[str, object], message: str) -> None:

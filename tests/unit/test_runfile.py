@@ -200,18 +200,20 @@ def test_tail_returns_the_last_lines(tmp_path: Path) -> None:
 
 
 def test_packaged_driver_found_in_dpkg_output() -> None:
-    output = "\n".join([
-        "nvidia-driver-580 installed",
-        "libnvidia-compute-580 installed",
-        "nvidia-dkms-580 installed",
-        "nvidia-utils-580 installed",
-        "nvidia-kernel-dkms installed",
-        "libnvidia-ml1 installed",
-        "cuda-drivers-580 installed",
-        "nvidia-driver-575 config-files",
-        "nvidia-container-toolkit installed",
-        "nvidia-persistenced-doc not-installed",
-    ])
+    output = "\n".join(
+        [
+            "nvidia-driver-580 installed",
+            "libnvidia-compute-580 installed",
+            "nvidia-dkms-580 installed",
+            "nvidia-utils-580 installed",
+            "nvidia-kernel-dkms installed",
+            "libnvidia-ml1 installed",
+            "cuda-drivers-580 installed",
+            "nvidia-driver-575 config-files",
+            "nvidia-container-toolkit installed",
+            "nvidia-persistenced-doc not-installed",
+        ]
+    )
     assert runfile.packaged_driver(output) == [
         "cuda-drivers-580",
         "libnvidia-compute-580",

@@ -73,8 +73,9 @@ def test_build_key_changes_with_the_pinned_packages(monkeypatch: pytest.MonkeyPa
     assert tiny_model.build_key() != key and len(key) == 16
 
 
-def test_a_tarball_that_differs_from_the_pin_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tarball_that_differs_from_the_pin_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake = tmp_path / "other.tar.gz"
     tiny_model.write_reproducible_tarball(_model_dir(tmp_path, 0), fake)
     monkeypatch.setattr(tiny_model, "cached_tarball", lambda: fake)
@@ -94,9 +95,13 @@ def _inventory(path: Path, addresses: dict[str, str]) -> Path:
 
 
 def _run_certs(inventory: Path, cache: Path) -> str:
-    result = subprocess.run([sys.executable, str(BUILDERS / "make_lab_certs.py"), "--inventory", str(inventory)],
-                            capture_output=True, text=True, env={**os.environ, "GPUFLEET_CACHE": str(cache)},
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, str(BUILDERS / "make_lab_certs.py"), "--inventory", str(inventory)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GPUFLEET_CACHE": str(cache)},
+        check=True,
+    )
     return result.stdout
 
 
@@ -108,8 +113,12 @@ def test_certificates_are_issued_once_and_verify_against_the_ca(tmp_path: Path) 
     assert oct(tls.stat().st_mode & 0o777) == "0o700"
     assert oct((tls / "lab-1.key").stat().st_mode & 0o777) == "0o600"
     assert _run_certs(inventory, tmp_path).splitlines()[1:] == ["lab-1: kept", "lab-2: kept"]
-    verify = subprocess.run(["openssl", "verify", "-CAfile", str(tls / "ca.crt"), str(tls / "lab-2.crt")],
-                            capture_output=True, text=True, check=False)
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(tls / "ca.crt"), str(tls / "lab-2.crt")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert verify.returncode == 0, verify.stderr
     leaf = x509.load_pem_x509_certificates((tls / "lab-2.crt").read_bytes())[0]
     names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

@@ -21,9 +21,15 @@ INSUFFICIENT_SIZE, DRIVER_NOT_LOADED, GPU_IS_LOST, MISMATCH, UNKNOWN = 7, 9, 15,
 
 
 class PciInfo(ctypes.Structure):
-    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
-                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
-                ("busId", ctypes.c_char * 32)]
+    _fields_ = [
+        ("busIdLegacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    ]
 
 
 @pytest.fixture
@@ -46,14 +52,26 @@ def handle(lib: ctypes.CDLL, index: int = 0) -> ctypes.c_void_p:
 
 
 def test_exports_the_nvml_entry_points_only(simgpu_library: Path) -> None:
-    result = subprocess.run(["nm", "-D", "--defined-only", str(simgpu_library)], capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run(
+        ["nm", "-D", "--defined-only", str(simgpu_library)], capture_output=True, text=True, check=True
+    )
     symbols = {line.split()[-1] for line in result.stdout.splitlines() if " T " in line}
     assert all(symbol.startswith("nvml") for symbol in symbols), symbols - {s for s in symbols if s[:4] == "nvml"}
-    for name in ("nvmlInit_v2", "nvmlShutdown", "nvmlErrorString", "nvmlSystemGetDriverVersion",
-                 "nvmlSystemGetCudaDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlDeviceGetCount_v2",
-                 "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetTotalEccErrors",
-                 "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPages", "nvmlDeviceGetMigMode"):
+    for name in (
+        "nvmlInit_v2",
+        "nvmlShutdown",
+        "nvmlErrorString",
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetCudaDriverVersion",
+        "nvmlSystemGetNVMLVersion",
+        "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetMigMode",
+    ):
         assert name in symbols
 
 
@@ -115,8 +133,13 @@ class MemoryV1(ctypes.Structure):
 
 
 class MemoryV2(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
-                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("total", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
 
 
 def test_memory_v1_counts_reserved_as_used_and_v2_reports_it_apart(session: ctypes.CDLL) -> None:
@@ -167,10 +190,12 @@ def test_lost_gpu_has_no_handle(simgpu_machine: simgpu.SimulatedMachine, lib: ct
         lib.nvmlShutdown()
 
 
-@pytest.mark.parametrize(("switch", "code"), [(("driver", "unload"), DRIVER_NOT_LOADED),
-                                              (("mismatch", "570.133.20"), MISMATCH)])
-def test_init_failures(simgpu_machine: simgpu.SimulatedMachine, lib: ctypes.CDLL, switch: tuple[str, ...],
-                       code: int) -> None:
+@pytest.mark.parametrize(
+    ("switch", "code"), [(("driver", "unload"), DRIVER_NOT_LOADED), (("mismatch", "570.133.20"), MISMATCH)]
+)
+def test_init_failures(
+    simgpu_machine: simgpu.SimulatedMachine, lib: ctypes.CDLL, switch: tuple[str, ...], code: int
+) -> None:
     simgpu_machine.ctl(*switch)
     assert lib.nvmlInit_v2() == code
     assert lib.nvmlShutdown() == UNINITIALIZED
@@ -213,8 +238,9 @@ def edited(description: dict, path: str, value: object) -> dict:
         ("driver", None, 'description: missing "driver"'),
     ],
 )
-def test_bad_descriptions_fail_init_with_a_reason(simgpu_library: Path, tmp_path: Path, path: str, value: object,
-                                                  error: str) -> None:
+def test_bad_descriptions_fail_init_with_a_reason(
+    simgpu_library: Path, tmp_path: Path, path: str, value: object, error: str
+) -> None:
     description = tmp_path / "gpus.json"
     default = json.loads(simgpu.DEFAULT_DESCRIPTION.read_text())
     description.write_text(json.dumps(edited(default, path, value)))
@@ -235,8 +261,7 @@ def test_bad_descriptions_fail_init_with_a_reason(simgpu_library: Path, tmp_path
         ('{"a": +1}', "unexpected character '+'"),
     ],
 )
-def test_malformed_json_is_reported_with_its_line(simgpu_library: Path, tmp_path: Path, text: str,
-                                                  error: str) -> None:
+def test_malformed_json_is_reported_with_its_line(simgpu_library: Path, tmp_path: Path, text: str, error: str) -> None:
     description = tmp_path / "gpus.json"
     description.write_text(text)
     result = init_in_subprocess(simgpu_library, description)
@@ -252,14 +277,14 @@ def test_missing_description_names_the_file(simgpu_library: Path, tmp_path: Path
 
 def test_json_escapes_and_unicode(simgpu_machine: simgpu.SimulatedMachine, lib: ctypes.CDLL) -> None:
     description = simgpu_machine.read()
-    description["gpus"][0]["name"] = "NVIDIA \"H200\" \\ Gr\u00fc\u00dfe \U0001F680"
+    description["gpus"][0]["name"] = 'NVIDIA "H200" \\ Gr\u00fc\u00dfe \U0001f680'
     # json.dumps escapes non-ASCII as \\uXXXX (with a surrogate pair for the rocket): the C reader decodes them.
     simgpu_machine.description.write_text(json.dumps(description))
     assert lib.nvmlInit_v2() == SUCCESS
     try:
         buffer = ctypes.create_string_buffer(96)
         assert lib.nvmlDeviceGetName(handle(lib), buffer, 96) == SUCCESS
-        assert buffer.value.decode() == "NVIDIA \"H200\" \\ Gr\u00fc\u00dfe \U0001F680"
+        assert buffer.value.decode() == 'NVIDIA "H200" \\ Gr\u00fc\u00dfe \U0001f680'
     finally:
         lib.nvmlShutdown()
 

@@ -17,16 +17,22 @@ H200_UUID = "GPU-1757f6d0-d02c-d95a-c569-55d572b0340a"
 REFERENCE = simgpu.SIMGPU_DIR / "reference" / "h200-580.159.04"  # recorded from a real nvidia-smi
 
 
-def smi(machine: simgpu.SimulatedMachine, *arguments: str, library_dir: Path | None = None
-        ) -> subprocess.CompletedProcess[str]:
+def smi(
+    machine: simgpu.SimulatedMachine, *arguments: str, library_dir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LD_LIBRARY_PATH": str(library_dir or machine.library.parent)}
-    return subprocess.run([sys.executable, str(simgpu.NVIDIA_SMI), *arguments], capture_output=True, text=True,
-                          env=env, check=False)
+    return subprocess.run(
+        [sys.executable, str(simgpu.NVIDIA_SMI), *arguments], capture_output=True, text=True, env=env, check=False
+    )
 
 
 def ctl(description: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(simgpu.SIMGPUCTL), "--description", str(description), *arguments],
-                          capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, str(simgpu.SIMGPUCTL), "--description", str(description), *arguments],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def test_table_for_the_h200(simgpu_machine: simgpu.SimulatedMachine) -> None:
@@ -56,8 +62,9 @@ def test_table_shows_each_gpu_and_errors(simgpu_machine: simgpu.SimulatedMachine
 
 
 def test_query_csv_with_header_and_units(simgpu_machine: simgpu.SimulatedMachine) -> None:
-    result = smi(simgpu_machine, "--query-gpu=index,name,memory.total,power.limit,fan.speed,temperature.gpu",
-                 "--format=csv")
+    result = smi(
+        simgpu_machine, "--query-gpu=index,name,memory.total,power.limit,fan.speed,temperature.gpu", "--format=csv"
+    )
     assert result.stdout.splitlines() == [
         "index, name, memory.total [MiB], power.limit [W], fan.speed [%], temperature.gpu",
         "0, NVIDIA H200, 143771 MiB, 700.00 W, [N/A], 31",
@@ -107,8 +114,12 @@ def test_list_and_select_by_uuid(simgpu_machine: simgpu.SimulatedMachine) -> Non
 def test_version(simgpu_machine: simgpu.SimulatedMachine) -> None:
     lines = smi(simgpu_machine, "--version").stdout.splitlines()
     # As the real nvidia-smi 580.159.04 prints it (NVML itself reports "13.580.159.04").
-    assert lines == ["NVIDIA-SMI version  : 580.159.04", "NVML version        : 580.159",
-                     "DRIVER version      : 580.159.04", "CUDA Version        : 13.0"]
+    assert lines == [
+        "NVIDIA-SMI version  : 580.159.04",
+        "NVML version        : 580.159",
+        "DRIVER version      : 580.159.04",
+        "CUDA Version        : 13.0",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -122,8 +133,13 @@ def test_version(simgpu_machine: simgpu.SimulatedMachine) -> None:
         ((), ("-i", "7", "-L"), 6, "No devices were found"),
     ],
 )
-def test_failures_use_nvidia_smi_exit_codes(simgpu_machine: simgpu.SimulatedMachine, switch: tuple[str, ...],
-                                            arguments: tuple[str, ...], code: int, message: str) -> None:
+def test_failures_use_nvidia_smi_exit_codes(
+    simgpu_machine: simgpu.SimulatedMachine,
+    switch: tuple[str, ...],
+    arguments: tuple[str, ...],
+    code: int,
+    message: str,
+) -> None:
     if switch:
         simgpu_machine.ctl(*switch)
     result = smi(simgpu_machine, *arguments)

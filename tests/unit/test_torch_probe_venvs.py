@@ -59,8 +59,9 @@ def venv_key(name: str, requirements: tuple[str, ...], base_python: str = sys.ex
     return "%s-%s" % (name, digest)
 
 
-def cached_venv(name: str, requirements: tuple[str, ...], root: Path | None = None,
-                remove: tuple[str, ...] = ()) -> Path:
+def cached_venv(
+    name: str, requirements: tuple[str, ...], root: Path | None = None, remove: tuple[str, ...] = ()
+) -> Path:
     """A venv with the requirements installed (then `remove` uninstalled), built once per key, reused while complete."""
     root = root or cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -73,11 +74,13 @@ def cached_venv(name: str, requirements: tuple[str, ...], root: Path | None = No
             pip = [] if requirements else ["--without-pip"]
             subprocess.run([sys.executable, "-m", "venv", *pip, str(path)], check=True)
             if requirements:
-                subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", *requirements],
-                               check=True)
+                subprocess.run(
+                    [str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", *requirements], check=True
+                )
             if remove:
-                subprocess.run([str(path / "bin" / "python"), "-m", "pip", "uninstall", "--yes", "--quiet", *remove],
-                               check=True)
+                subprocess.run(
+                    [str(path / "bin" / "python"), "-m", "pip", "uninstall", "--yes", "--quiet", *remove], check=True
+                )
             (path / COMPLETE_MARKER).write_text(json.dumps(list(requirements)))
     return path
 
@@ -125,8 +128,9 @@ def extension_file_name(module: str) -> str:
 def undefined_symbol_extension(directory: Path, name: str = "_ext") -> Path:
     """An extension that references a torch symbol nothing provides: loading it fails with 'undefined symbol'."""
     directory.mkdir(parents=True, exist_ok=True)
-    return compile_extension(UNDEFINED_SYMBOL_SOURCE % {"symbol": MISSING_TORCH_SYMBOL},
-                             directory / extension_file_name(name))
+    return compile_extension(
+        UNDEFINED_SYMBOL_SOURCE % {"symbol": MISSING_TORCH_SYMBOL}, directory / extension_file_name(name)
+    )
 
 
 def missing_cudart_extension(directory: Path, build_dir: Path, name: str = "_cudart_user") -> Path:
@@ -140,27 +144,45 @@ def missing_cudart_extension(directory: Path, build_dir: Path, name: str = "_cud
     stand_in = build_dir / CUDART_SONAME
     stand_in_source = build_dir / "cudart.c"
     stand_in_source.write_text("int cudaRuntimeGetVersion(int *v) { *v = 12080; return 0; }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname," + CUDART_SONAME, "-o", str(stand_in),
-                    str(stand_in_source)], check=True)
-    return compile_extension(CUDART_USER_SOURCE, directory / extension_file_name(name),
-                             (str(stand_in),))
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-Wl,-soname," + CUDART_SONAME, "-o", str(stand_in), str(stand_in_source)],
+        check=True,
+    )
+    return compile_extension(CUDART_USER_SOURCE, directory / extension_file_name(name), (str(stand_in),))
 
 
 def run_module(args: dict, check_mode: bool = False, timeout: int = 600) -> tuple[int, dict, str]:
     """Run torch_stack_info through the ansible CLI on localhost; (returncode, result, raw output)."""
-    command = [str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-m", "gpufleet.fleet.torch_stack_info",
-               "-a", json.dumps(args), "-e", "ansible_python_interpreter=%s" % sys.executable]
+    command = [
+        str(ANSIBLE),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        "gpufleet.fleet.torch_stack_info",
+        "-a",
+        json.dumps(args),
+        "-e",
+        "ansible_python_interpreter=%s" % sys.executable,
+    ]
     if check_mode:
         command.append("--check")
-    environment = dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_NOCOLOR="1",
-                       ANSIBLE_DEPRECATION_WARNINGS="0", ANSIBLE_LOCALHOST_WARNING="0")
+    environment = dict(
+        os.environ,
+        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_DEPRECATION_WARNINGS="0",
+        ANSIBLE_LOCALHOST_WARNING="0",
+    )
     completed = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=timeout)
     output = completed.stdout
     status = re.search(r"^localhost \| (\w+)!? => ", output, re.MULTILINE)
     result: dict = {}
     if status:
         # The display may print more after the JSON object; raw_decode stops at its end.
-        result = json.JSONDecoder().raw_decode(output[status.end():].lstrip())[0]
+        result = json.JSONDecoder().raw_decode(output[status.end() :].lstrip())[0]
         # ansible-core 2.19's display drops the 'failed' key; the status word carries it.
         result["failed"] = status.group(1) == "FAILED"
     return completed.returncode, result, output + completed.stderr
@@ -172,6 +194,7 @@ def diagnosis_ids(result: dict) -> list[str]:
 
 
 # Tests of the cache mechanism itself.
+
 
 def test_key_changes_with_content() -> None:
     assert venv_key("t", ("torch==2.13.0",)) == venv_key("t", ("torch==2.13.0",))

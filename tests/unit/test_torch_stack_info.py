@@ -44,8 +44,12 @@ def torch_result(torch_venv: Path) -> dict:
 @pytest.fixture(scope="session")
 def checks_result(torch_venv: Path) -> dict:
     """One run through python= with every optional check on (each torch run costs seconds)."""
-    args = {"python": str(torch_venv / "bin" / "python"), "gpu_compute": True, "flash_attn_kernel": True,
-            "gpu_capabilities": ["9.0"]}
+    args = {
+        "python": str(torch_venv / "bin" / "python"),
+        "gpu_compute": True,
+        "flash_attn_kernel": True,
+        "gpu_capabilities": ["9.0"],
+    }
     returncode, result, output = run_module(args)
     assert returncode == 0, output
     return result
@@ -57,8 +61,10 @@ def empty_venv(tmp_path: Path) -> Path:
 
 
 def _interpreter_facts(python: Path) -> dict:
-    code = ("import json, sys, sysconfig; print(json.dumps({'version': sys.version.split()[0], "
-            "'shared': bool(sysconfig.get_config_var('Py_ENABLE_SHARED'))}))")
+    code = (
+        "import json, sys, sysconfig; print(json.dumps({'version': sys.version.split()[0], "
+        "'shared': bool(sysconfig.get_config_var('Py_ENABLE_SHARED'))}))"
+    )
     return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
@@ -112,8 +118,13 @@ def test_package_list_is_sorted_normalized_and_hashed(torch_result: dict) -> Non
 
 def test_check_mode_run_meets_expect_with_the_same_fingerprint(torch_result: dict, torch_venv: Path) -> None:
     python_minor = ".".join(torch_result["python"]["version"].split(".")[:2])
-    expect = {"torch_version": "2.13.0", "torch_variant": "cpu", "cuda_available": False,
-              "python_version": python_minor, "packages_sha256": torch_result["packages_sha256"]}
+    expect = {
+        "torch_version": "2.13.0",
+        "torch_variant": "cpu",
+        "cuda_available": False,
+        "python_version": python_minor,
+        "packages_sha256": torch_result["packages_sha256"],
+    }
     returncode, again, output = run_module({"venv": str(torch_venv), "expect": expect}, check_mode=True)
     assert returncode == 0, output
     assert again["changed"] is False
@@ -128,11 +139,17 @@ def test_python_argument_probes_the_same_interpreter(checks_result: dict, torch_
 
 
 def test_gpu_checks_without_cuda_say_why_they_did_not_run(checks_result: dict) -> None:
-    assert checks_result["gpu_compute"] == {"ran": False, "reason": "torch.cuda.is_available() is False",
-                                            "requested": True}
+    assert checks_result["gpu_compute"] == {
+        "ran": False,
+        "reason": "torch.cuda.is_available() is False",
+        "requested": True,
+    }
     assert checks_result["flash_attn"]["installed"] is False
-    assert checks_result["flash_attn"]["kernel"] == {"requested": True, "ran": False,
-                                                     "reason": "flash_attn does not import"}
+    assert checks_result["flash_attn"]["kernel"] == {
+        "requested": True,
+        "ran": False,
+        "reason": "flash_attn does not import",
+    }
     flash_attn = _only(checks_result, "flash_attn_unavailable")
     assert flash_attn["fix"] == "rebuild flash-attn"
     assert "flash-attn is not installed" in flash_attn["evidence"]
@@ -151,8 +168,12 @@ def test_arch_list_is_checked_against_given_capabilities(checks_result: dict) ->
 
 def test_expect_lists_every_mismatch(torch_venv: Path) -> None:
     expect = {
-        "torch_version": "2.11.0+cu130", "torch_variant": "cu130", "cuda_available": True,
-        "python_version": "3.12", "vllm_version": "0.19.1", "flash_attn_version": "2.8.3",
+        "torch_version": "2.11.0+cu130",
+        "torch_variant": "cu130",
+        "cuda_available": True,
+        "python_version": "3.12",
+        "vllm_version": "0.19.1",
+        "flash_attn_version": "2.8.3",
         "arch_covers_gpus": True,
     }
     returncode, result, output = run_module({"venv": str(torch_venv), "expect": expect})
@@ -183,8 +204,13 @@ def test_venv_without_torch_is_reported_not_installed(empty_venv: Path) -> None:
     assert result["torch"]["version"] is None and result["torch"]["arch_list"] == []
     assert result["torch"]["cuda"] is None and result["torch"]["arch_covers_gpus"] is None
     assert result["gpu_compute"]["ran"] is False and result["gpu_compute"]["reason"] == "torch does not import"
-    assert result["vllm"] == {"installed": False, "distribution": None, "version": None, "import_ok": None,
-                              "extension_ok": None}
+    assert result["vllm"] == {
+        "installed": False,
+        "distribution": None,
+        "version": None,
+        "import_ok": None,
+        "extension_ok": None,
+    }
     assert result["packages"] == []
     assert result["diagnosis"] == []
 
@@ -252,8 +278,12 @@ def test_missing_cuda_runtime_library_is_classified(empty_venv: Path, tmp_path: 
 
 def test_a_native_crash_is_reported_with_what_was_gathered(empty_venv: Path) -> None:
     # A real SIGSEGV during an import, as a broken extension produces: the module reports, it does not fail.
-    add_distribution(empty_venv, "gpufleet-crash", "1.0",
-                     {"gpufleet_crash/__init__.py": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"})
+    add_distribution(
+        empty_venv,
+        "gpufleet-crash",
+        "1.0",
+        {"gpufleet_crash/__init__.py": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"},
+    )
     returncode, result, output = run_module({"venv": str(empty_venv), "import_check": ["gpufleet_crash"]})
     assert returncode == 0, output
     assert result["probe"]["complete"] is False
@@ -268,8 +298,9 @@ def test_a_native_crash_is_reported_with_what_was_gathered(empty_venv: Path) -> 
 
 
 def test_a_hang_is_stopped_by_the_timeout(empty_venv: Path) -> None:
-    add_distribution(empty_venv, "gpufleet-hang", "1.0",
-                     {"gpufleet_hang/__init__.py": "import time\ntime.sleep(120)\n"})
+    add_distribution(
+        empty_venv, "gpufleet-hang", "1.0", {"gpufleet_hang/__init__.py": "import time\ntime.sleep(120)\n"}
+    )
     returncode, result, output = run_module({"venv": str(empty_venv), "import_check": ["gpufleet_hang"], "timeout": 5})
     assert returncode == 0, output
     assert result["probe"]["exit"] == "timed out after 5 s"
@@ -278,8 +309,9 @@ def test_a_hang_is_stopped_by_the_timeout(empty_venv: Path) -> None:
 
 def test_output_printed_by_imported_code_does_not_break_the_probe(empty_venv: Path) -> None:
     # vLLM logs to stdout on import; C libraries write to fd 1 directly.
-    noisy = ("import os, sys\nprint('INFO noisy import')\nsys.stdout.flush()\n"
-             "os.write(1, b'{\"section\": \"torch\"}\\n')\n")
+    noisy = (
+        "import os, sys\nprint('INFO noisy import')\nsys.stdout.flush()\nos.write(1, b'{\"section\": \"torch\"}\\n')\n"
+    )
     add_distribution(empty_venv, "gpufleet-noisy", "1.0", {"gpufleet_noisy/__init__.py": noisy})
     returncode, result, output = run_module({"venv": str(empty_venv), "import_check": ["gpufleet_noisy"]})
     assert returncode == 0, output

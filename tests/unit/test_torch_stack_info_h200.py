@@ -10,7 +10,10 @@ import pytest
 from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import arch_coverage
 from ansible_collections.gpufleet.fleet.plugins.module_utils.torch_diagnosis import diagnose
 from ansible_collections.gpufleet.fleet.plugins.module_utils.torch_probe import (
-    check_expect, packages_sha256, torch_gpus, torch_variant,
+    check_expect,
+    packages_sha256,
+    torch_gpus,
+    torch_variant,
 )
 
 CAPTURE = Path(__file__).parent / "data" / "torch_stack_info_h200.json"
@@ -59,9 +62,16 @@ def test_fingerprint_is_reproduced(h200: dict) -> None:
 
 
 def test_the_stack_the_node_declares_is_met(h200: dict) -> None:
-    expect = {"python_version": "3.12", "torch_version": "2.11.0+cu130", "torch_variant": "cu130",
-              "cuda_available": True, "arch_covers_gpus": True}
+    expect = {
+        "python_version": "3.12",
+        "torch_version": "2.11.0+cu130",
+        "torch_variant": "cu130",
+        "cuda_available": True,
+        "arch_covers_gpus": True,
+    }
     assert check_expect(h200, expect) == []
     wrong = check_expect(h200, {"torch_variant": "cu128", "vllm_version": "0.19.1"})
-    assert wrong == [{"key": "torch_variant", "expected": "cu128", "actual": "cu130"},
-                     {"key": "vllm_version", "expected": "0.19.1", "actual": None}]
+    assert wrong == [
+        {"key": "torch_variant", "expected": "cu128", "actual": "cu130"},
+        {"key": "vllm_version", "expected": "0.19.1", "actual": None},
+    ]

@@ -32,16 +32,23 @@ def inventory(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("text", "fleet", "expected"), [("1", 3, "1"), ("3", 3, "3"), ("50%", 4, "50%"),
-                                                          ("34%", 3, "34%")])
+@pytest.mark.parametrize(
+    ("text", "fleet", "expected"), [("1", 3, "1"), ("3", 3, "3"), ("50%", 4, "50%"), ("34%", 3, "34%")]
+)
 def test_max_unavailable_within_the_fleet(text: str, fleet: int, expected: str) -> None:
     assert parse_max_unavailable(text, fleet) == expected
 
 
-@pytest.mark.parametrize(("text", "fleet", "message"), [
-    ("4", 3, "more than the 3 nodes"), ("0", 3, "1 or more"), ("two", 3, "a number of nodes"),
-    ("10%", 3, "no node at all"), ("150%", 3, "more than all"),
-])
+@pytest.mark.parametrize(
+    ("text", "fleet", "message"),
+    [
+        ("4", 3, "more than the 3 nodes"),
+        ("0", 3, "1 or more"),
+        ("two", 3, "a number of nodes"),
+        ("10%", 3, "no node at all"),
+        ("150%", 3, "more than all"),
+    ],
+)
 def test_max_unavailable_beyond_the_fleet_is_refused(text: str, fleet: int, message: str) -> None:
     with pytest.raises(GpufleetError, match=message):
         parse_max_unavailable(text, fleet)
@@ -82,14 +89,26 @@ def test_an_unreachable_node_stops_the_upgrade_before_it_starts() -> None:
 
 def test_outcomes_are_read_from_the_playbooks_events(capsys: pytest.CaptureFixture[str]) -> None:
     outcomes = Outcomes()
-    outcome = {"node": "node-1", "status": "rolled_back", "layers": ["serve"], "seconds": 12.5,
-               "reason": "vllm@main did not become ready", "state": "rolled back, serving"}
-    outcomes({"event": "runner_on_ok", "event_data": {"task": OUTCOME_TASK, "res": {"ansible_facts": {
-        "upgrade_outcome": outcome}}}})
+    outcome = {
+        "node": "node-1",
+        "status": "rolled_back",
+        "layers": ["serve"],
+        "seconds": 12.5,
+        "reason": "vllm@main did not become ready",
+        "state": "rolled back, serving",
+    }
+    outcomes(
+        {
+            "event": "runner_on_ok",
+            "event_data": {"task": OUTCOME_TASK, "res": {"ansible_facts": {"upgrade_outcome": outcome}}},
+        }
+    )
     outcomes({"event": "runner_on_ok", "event_data": {"task": "another task", "res": {}}})
     assert outcomes.nodes == {"node-1": outcome}
-    assert "node-1: rolled_back (layers serve, 12.5 s) - vllm@main did not become ready; rolled back, serving" in \
-        capsys.readouterr().out
+    assert (
+        "node-1: rolled_back (layers serve, 12.5 s) - vllm@main did not become ready; rolled back, serving"
+        in capsys.readouterr().out
+    )
     with pytest.raises(GpufleetError, match="the rollout stopped: node-1: rolled_back"):
         report(2, ["node-1", "node-2"], outcomes.nodes, Path("/nowhere"))
 

@@ -51,12 +51,17 @@ def test_bad_arch_entries_are_named(bad: str) -> None:
 
 def test_absent_torch_is_a_clear_error() -> None:
     probe = {"python": "3.11.2", "torch": None, "torch_error": "ModuleNotFoundError: No module named 'torch'"}
-    with pytest.raises(KernelKeyError, match="torch is not importable in the venv .*No module named 'torch'.*install the venv first"):
+    with pytest.raises(
+        KernelKeyError, match="torch is not importable in the venv .*No module named 'torch'.*install the venv first"
+    ):
         kernel_key.key_components(CPU_KERNEL, probe, None, "", {})
 
 
 def test_missing_nvcc_is_a_clear_error() -> None:
-    with pytest.raises(KernelKeyError, match=r"nvcc is not at /usr/local/cuda/bin/nvcc \(CUDA_HOME=/usr/local/cuda\): install the CUDA toolkit"):
+    with pytest.raises(
+        KernelKeyError,
+        match=r"nvcc is not at /usr/local/cuda/bin/nvcc \(CUDA_HOME=/usr/local/cuda\): install the CUDA toolkit",
+    ):
         kernel_key.check_cuda_build(FLASH_ATTN, CUDA_VENV, None, "/usr/local/cuda", "9.0")
 
 
@@ -77,19 +82,26 @@ def test_toolkit_and_torch_cuda_of_different_releases_warn() -> None:
 
 
 def test_nvcc_version_is_read_from_its_banner() -> None:
-    banner = ("nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
-              "Cuda compilation tools, release 13.0, V13.0.88\nBuild cuda_13.0.r13.0/compiler.36424714_0\n")
+    banner = (
+        "nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
+        "Cuda compilation tools, release 13.0, V13.0.88\nBuild cuda_13.0.r13.0/compiler.36424714_0\n"
+    )
     assert kernel_key.parse_nvcc_version(banner) == "13.0.88"
     with pytest.raises(KernelKeyError):
         kernel_key.parse_nvcc_version("command not found")
 
 
-@pytest.mark.parametrize(("requested", "cores", "memory_mb", "per_job", "expected"), [
-    (0, 2, 24 * 1024, 4, 2),       # this lab machine: cores bound it
-    (0, 128, 64 * 1024, 4, 16),    # many cores, little memory: memory bounds it
-    (0, 8, 2 * 1024, 4, 1),        # never below one job
-    (64, 16, 512 * 1024, 4, 16),   # an operator's cap above what the node can take is lowered
-    (4, 16, 512 * 1024, 4, 4),
-])
-def test_max_jobs_from_cores_and_memory(requested: int, cores: int, memory_mb: int, per_job: float, expected: int) -> None:
+@pytest.mark.parametrize(
+    ("requested", "cores", "memory_mb", "per_job", "expected"),
+    [
+        (0, 2, 24 * 1024, 4, 2),  # this lab machine: cores bound it
+        (0, 128, 64 * 1024, 4, 16),  # many cores, little memory: memory bounds it
+        (0, 8, 2 * 1024, 4, 1),  # never below one job
+        (64, 16, 512 * 1024, 4, 16),  # an operator's cap above what the node can take is lowered
+        (4, 16, 512 * 1024, 4, 4),
+    ],
+)
+def test_max_jobs_from_cores_and_memory(
+    requested: int, cores: int, memory_mb: int, per_job: float, expected: int
+) -> None:
     assert kernel_key.max_jobs(requested, cores, memory_mb, per_job) == expected

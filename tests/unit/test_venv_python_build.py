@@ -30,11 +30,15 @@ PYENV_CHECKOUT = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
 
 def test_configure_options_in_a_stable_order_without_duplicates() -> None:
     assert python_build.configure_options(True, False, False, ["--disable-test-modules", "--enable-shared"]) == [
-        "--enable-shared", "--disable-test-modules"]
+        "--enable-shared",
+        "--disable-test-modules",
+    ]
     assert python_build.configure_options(False, True, True, []) == ["--enable-optimizations", "--with-lto"]
 
 
-@pytest.mark.parametrize(("requested", "cores", "expected"), [(0, 2, 2), (0, 64, 64), (8, 2, 2), (1, 16, 1), (-1, 0, 1)])
+@pytest.mark.parametrize(
+    ("requested", "cores", "expected"), [(0, 2, 2), (0, 64, 64), (8, 2, 2), (1, 16, 1), (-1, 0, 1)]
+)
 def test_make_jobs_never_exceed_the_cores(requested: int, cores: int, expected: int) -> None:
     assert python_build.make_jobs(requested, cores) == expected
 
@@ -46,28 +50,50 @@ def test_only_exact_releases_are_built(version: str) -> None:
 
 
 def test_build_environment_sets_cache_mirror_options_and_jobs() -> None:
-    env = python_build.build_environment({"PATH": "/usr/bin"}, "/opt/pyenv", "/opt/pyenv/cache",
-                                         ["--enable-shared", "LDFLAGS=-L/x y"], 2, True, "/var/tmp")
+    env = python_build.build_environment(
+        {"PATH": "/usr/bin"},
+        "/opt/pyenv",
+        "/opt/pyenv/cache",
+        ["--enable-shared", "LDFLAGS=-L/x y"],
+        2,
+        True,
+        "/var/tmp",
+    )
     assert env["PYTHON_BUILD_CACHE_PATH"] == "/opt/pyenv/cache" and env["PYTHON_BUILD_SKIP_MIRROR"] == "1"
     assert env["PYTHON_CONFIGURE_OPTS"] == "--enable-shared 'LDFLAGS=-L/x y'" and env["MAKE_OPTS"] == "-j2"
     assert env["_PYTHON_BUILD_FORCE_SKIP_XZ"] == "1" and env["PATH"] == "/usr/bin"
 
 
-SHARED_PROBE = {"version": "3.11.2", "shared": True,
-                "config_args": "'--prefix=/opt/pyenv/versions/3.11.2' '--enable-shared' '--disable-test-modules'"}
+SHARED_PROBE = {
+    "version": "3.11.2",
+    "shared": True,
+    "config_args": "'--prefix=/opt/pyenv/versions/3.11.2' '--enable-shared' '--disable-test-modules'",
+}
 
 
-@pytest.mark.parametrize(("probe", "wanted", "reasons"), [
-    (SHARED_PROBE, ["--enable-shared", "--disable-test-modules"], []),
-    (None, ["--enable-shared"], ["not installed"]),
-    ({**SHARED_PROBE, "version": "3.11.1"}, ["--enable-shared", "--disable-test-modules"],
-     ["version is 3.11.1, requested 3.11.2"]),
-    (SHARED_PROBE, ["--disable-test-modules"], ["shared build is True, requested False"]),
-    (SHARED_PROBE, ["--enable-shared", "--disable-test-modules", "--enable-optimizations"],
-     ["built without --enable-optimizations"]),
-    ({**SHARED_PROBE, "config_args": SHARED_PROBE["config_args"] + " '--with-lto'"},
-     ["--enable-shared", "--disable-test-modules"], ["built with --with-lto, which is no longer requested"]),
-])
+@pytest.mark.parametrize(
+    ("probe", "wanted", "reasons"),
+    [
+        (SHARED_PROBE, ["--enable-shared", "--disable-test-modules"], []),
+        (None, ["--enable-shared"], ["not installed"]),
+        (
+            {**SHARED_PROBE, "version": "3.11.1"},
+            ["--enable-shared", "--disable-test-modules"],
+            ["version is 3.11.1, requested 3.11.2"],
+        ),
+        (SHARED_PROBE, ["--disable-test-modules"], ["shared build is True, requested False"]),
+        (
+            SHARED_PROBE,
+            ["--enable-shared", "--disable-test-modules", "--enable-optimizations"],
+            ["built without --enable-optimizations"],
+        ),
+        (
+            {**SHARED_PROBE, "config_args": SHARED_PROBE["config_args"] + " '--with-lto'"},
+            ["--enable-shared", "--disable-test-modules"],
+            ["built with --with-lto, which is no longer requested"],
+        ),
+    ],
+)
 def test_mismatches_decide_whether_to_build(probe: dict | None, wanted: list[str], reasons: list[str]) -> None:
     assert python_build.mismatches(probe, "3.11.2", wanted) == reasons
 
@@ -110,8 +136,14 @@ def _run_module(tmp_path: Path, module_args: dict, check: bool) -> dict:
     book.write_text(PLAYBOOK)
     result_file.unlink(missing_ok=True)
     extra = {"module_args": module_args, "result_file": str(result_file), "ansible_python_interpreter": sys.executable}
-    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(book),
-               "-e", json.dumps(extra)] + (["--check"] if check else [])
+    command = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        "-i",
+        "localhost,",
+        str(book),
+        "-e",
+        json.dumps(extra),
+    ] + (["--check"] if check else [])
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
     process = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, check=False)
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-2000:]
@@ -122,8 +154,12 @@ def _shared_build_on_this_machine() -> tuple[Path, str]:
     """A shared pyenv build of this machine (the controller's own Python comes from pyenv)."""
     for prefix in sorted((PYENV_CHECKOUT / "versions").glob("3.1[1-3].*")):
         python = prefix / "bin" / f"python{'.'.join(prefix.name.split('.')[:2])}"
-        out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('Py_ENABLE_SHARED'))"],
-                             capture_output=True, text=True, check=False).stdout.strip()
+        out = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('Py_ENABLE_SHARED'))"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
         if out == "1":
             return PYENV_CHECKOUT, prefix.name
     pytest.fail(f"no shared CPython build under {PYENV_CHECKOUT}/versions on this machine")
@@ -162,14 +198,27 @@ def test_a_failed_build_fails_with_the_tail_of_its_log(tmp_path: Path) -> None:
     root, cache, version = tmp_path / "pyenv", tmp_path / "cache", "3.99.0"
     digest = _broken_source(cache, version)
     definition = tmp_path / "definition"
-    definition.write_text(f'install_package "Python-{version}" "http://127.0.0.1:9/Python-{version}.tgz#{digest}" standard\n')
+    definition.write_text(
+        f'install_package "Python-{version}" "http://127.0.0.1:9/Python-{version}.tgz#{digest}" standard\n'
+    )
 
-    result = _run_module(tmp_path, {"pyenv_root": str(root), "version": version, "definition": str(definition),
-                                    "cache_path": str(cache), "log_dir": str(tmp_path / "logs"), "log_lines": 15},
-                         check=False)
+    result = _run_module(
+        tmp_path,
+        {
+            "pyenv_root": str(root),
+            "version": version,
+            "definition": str(definition),
+            "cache_path": str(cache),
+            "log_dir": str(tmp_path / "logs"),
+            "log_lines": 15,
+        },
+        check=False,
+    )
     assert result["failed"] and result["built"]
-    assert result["msg"].startswith(f"building CPython {version} failed (python-build exit 1); "
-                                    f"{root / 'versions' / version} was not installed before either; last 15 lines of ")
+    assert result["msg"].startswith(
+        f"building CPython {version} failed (python-build exit 1); "
+        f"{root / 'versions' / version} was not installed before either; last 15 lines of "
+    )
     assert "configure: error: no acceptable C compiler found" in result["msg"]
     assert (tmp_path / "logs" / f"python-build-{version}.log").exists()
     assert not (root / "versions" / version / "bin").exists()

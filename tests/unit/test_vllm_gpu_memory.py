@@ -34,15 +34,33 @@ def instance_pid() -> Iterator[int]:
 
 
 def run_module(args: dict[str, Any]) -> dict[str, Any]:
-    command = [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "vllm_gpu_memory",
-               "-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
-    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LIBRARY": str(PROJECT_ROOT / "roles" / "vllm_service" / "library")}
-    result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=120,
-                            check=False)
+    command = [
+        str(BIN / "ansible"),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        "vllm_gpu_memory",
+        "-a",
+        json.dumps(args),
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    env = {
+        **os.environ,
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LIBRARY": str(PROJECT_ROOT / "roles" / "vllm_service" / "library"),
+    }
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=120, check=False
+    )
     found = re.search(r"^localhost \| (SUCCESS|FAILED!) => ", result.stdout, re.MULTILINE)
     assert found, f"ansible did not run (rc {result.returncode}):\n{result.stdout}\n{result.stderr}"
-    host_result, _ = json.JSONDecoder().raw_decode(result.stdout[found.end():])
+    host_result, _ = json.JSONDecoder().raw_decode(result.stdout[found.end() :])
     host_result["failed"] = found.group(1) == "FAILED!"
     return host_result
 
@@ -57,18 +75,36 @@ def simulate(machine: SimulatedMachine, processes: list[tuple[int, float]]) -> N
 
 
 def check(machine: SimulatedMachine, pid: int, utilization: float = 0.9) -> dict[str, Any]:
-    return run_module({"library": str(machine.library), "instances": [
-        {"name": "main", "gpus": [0], "gpu_memory_utilization": utilization, "pids": [pid]}]})
+    return run_module(
+        {
+            "library": str(machine.library),
+            "instances": [{"name": "main", "gpus": [0], "gpu_memory_utilization": utilization, "pids": [pid]}],
+        }
+    )
 
 
-def test_an_instance_holding_its_share_passes_and_is_reported(simgpu_machine: SimulatedMachine,
-                                                              instance_pid: int) -> None:
+def test_an_instance_holding_its_share_passes_and_is_reported(
+    simgpu_machine: SimulatedMachine, instance_pid: int
+) -> None:
     simulate(simgpu_machine, [(instance_pid, 0.89)])
     result = check(simgpu_machine, instance_pid)
     assert not result["failed"] and result["changed"] is False, result
-    assert result["instances"] == [{"name": "main", "gpu_memory_utilization": 0.9, "gpus": [{
-        "index": 0, "held_mib": int(0.89 * TOTAL) // 2**20, "share_mib": int(0.9 * TOTAL) // 2**20,
-        "total_mib": 143771, "free_mib": (TOTAL - int(0.89 * TOTAL) - RESERVED) // 2**20, "pids": [instance_pid]}]}]
+    assert result["instances"] == [
+        {
+            "name": "main",
+            "gpu_memory_utilization": 0.9,
+            "gpus": [
+                {
+                    "index": 0,
+                    "held_mib": int(0.89 * TOTAL) // 2**20,
+                    "share_mib": int(0.9 * TOTAL) // 2**20,
+                    "total_mib": 143771,
+                    "free_mib": (TOTAL - int(0.89 * TOTAL) - RESERVED) // 2**20,
+                    "pids": [instance_pid],
+                }
+            ],
+        }
+    ]
 
 
 def test_an_instance_below_its_share_fails_with_the_fix(simgpu_machine: SimulatedMachine, instance_pid: int) -> None:
@@ -78,7 +114,8 @@ def test_an_instance_below_its_share_fails_with_the_fix(simgpu_machine: Simulate
     assert result["problems"] == [
         f"vllm@main: holds {int(0.5 * TOTAL) // 2**20} MiB of GPU 0, less than its share {int(0.9 * TOTAL) // 2**20}"
         " MiB (gpu_memory_utilization 0.9): the KV cache or the allocator did not warm up; rerun the warm-up"
-        " (vllm_service_warmup_always) and read the journal's KV cache lines"]
+        " (vllm_service_warmup_always) and read the journal's KV cache lines"
+    ]
 
 
 def test_an_instance_without_a_cuda_context_fails(simgpu_machine: SimulatedMachine, instance_pid: int) -> None:

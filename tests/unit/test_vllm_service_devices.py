@@ -32,10 +32,22 @@ def render(template: Path, **extra: object) -> str:
         variables = Path(tree) / "extra.json"
         variables.write_text(json.dumps(extra))
         out = Path(tree) / "out"
-        command = [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", "template",
-                   "-a", f"src={template} dest={out} mode=0600",
-                   "-e", f"@{ROLE / 'defaults' / 'main.yml'}", "-e", f"@{ROLE / 'vars' / 'main.yml'}",
-                   "-e", f"@{variables}"]
+        command = [
+            str(Path(sys.executable).parent / "ansible"),
+            "localhost",
+            "-c",
+            "local",
+            "-m",
+            "template",
+            "-a",
+            f"src={template} dest={out} mode=0600",
+            "-e",
+            f"@{ROLE / 'defaults' / 'main.yml'}",
+            "-e",
+            f"@{ROLE / 'vars' / 'main.yml'}",
+            "-e",
+            f"@{variables}",
+        ]
         result = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, check=False)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
         return out.read_text()
@@ -43,8 +55,14 @@ def render(template: Path, **extra: object) -> str:
 
 def test_the_fixture_holds_every_gpu_node_of_the_capture() -> None:
     paths = [node.path for node in listed_nodes(H200)]
-    assert paths == ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                     "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]
+    assert paths == [
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-caps/nvidia-cap1",
+        "/dev/nvidia-caps/nvidia-cap2",
+    ]
 
 
 def test_rendered_unit_allows_every_h200_gpu_node() -> None:
@@ -57,21 +75,30 @@ def test_rendered_unit_allows_every_h200_gpu_node() -> None:
 def test_rendered_unit_denies_what_cuda_does_not_open() -> None:
     # NVSwitch and NVLink management nodes (fabric manager's) stay closed, and so does an unknown major.
     unit = render(UNIT_TEMPLATE, vllm_service_instances=[INSTANCE])
-    others = listed_nodes("crw-rw-rw- 1 root root 239, 0 /dev/nvidia-nvswitchctl\n"
-                          "crw-rw-rw- 1 root root 240, 0 /dev/nvidia-nvlink\n"
-                          "crw-rw-rw- 1 root root 200, 0 /dev/other\n")
+    others = listed_nodes(
+        "crw-rw-rw- 1 root root 239, 0 /dev/nvidia-nvswitchctl\n"
+        "crw-rw-rw- 1 root root 240, 0 /dev/nvidia-nvlink\n"
+        "crw-rw-rw- 1 root root 200, 0 /dev/other\n"
+    )
     assert [node.path for node in denied_nodes(unit, H200, others)] == [
-        "/dev/nvidia-nvswitchctl", "/dev/nvidia-nvlink", "/dev/other"]
+        "/dev/nvidia-nvswitchctl",
+        "/dev/nvidia-nvlink",
+        "/dev/other",
+    ]
 
 
-@pytest.mark.parametrize("registered", ["195 nvidia-frontend\n238 nvidia-uvm\n",
-                                        "195 nvidia\n195 nvidiactl\n511 nvidia-uvm\n"],
-                         ids=["proprietary-before-r560", "open-module-other-uvm-major"])
+@pytest.mark.parametrize(
+    "registered",
+    ["195 nvidia-frontend\n238 nvidia-uvm\n", "195 nvidia\n195 nvidiactl\n511 nvidia-uvm\n"],
+    ids=["proprietary-before-r560", "open-module-other-uvm-major"],
+)
 def test_rendered_unit_allows_gpus_of_other_driver_branches(registered: str) -> None:
     unit = render(UNIT_TEMPLATE, vllm_service_instances=[INSTANCE])
     uvm = int(registered.splitlines()[-1].split()[0])
-    nodes = listed_nodes(f"crw-rw-rw- 1 root root 195, 0 /dev/nvidia0\ncrw-rw-rw- 1 root root 195, 255 /dev/nvidiactl\n"
-                         f"crw-rw-rw- 1 root root {uvm}, 0 /dev/nvidia-uvm\n")
+    nodes = listed_nodes(
+        f"crw-rw-rw- 1 root root 195, 0 /dev/nvidia0\ncrw-rw-rw- 1 root root 195, 255 /dev/nvidiactl\n"
+        f"crw-rw-rw- 1 root root {uvm}, 0 /dev/nvidia-uvm\n"
+    )
     assert denied_nodes(unit, "Character devices:\n" + registered, nodes) == []
 
 
@@ -94,22 +121,36 @@ def test_the_venvs_tools_come_first_on_the_services_path() -> None:
 
 
 def _env(text: str) -> dict[str, str]:
-    return {key: value.strip('"') for key, _, value in
-            (line.partition("=") for line in text.splitlines() if line and not line.startswith("#"))}
+    return {
+        key: value.strip('"')
+        for key, _, value in (line.partition("=") for line in text.splitlines() if line and not line.startswith("#"))
+    }
 
 
 def test_collectives_stay_on_loopback_when_only_loopback_is_allowed() -> None:
-    env = _env(render(ENV_TEMPLATE, vllm_service_instances=[INSTANCE], vllm_service_instance=FIRST,
-                      vllm_service_ip_address_allow=["localhost"]))
-    assert {key: env.get(key) for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE",
-                                          "VLLM_HOST_IP")} == {
-        "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+    env = _env(
+        render(
+            ENV_TEMPLATE,
+            vllm_service_instances=[INSTANCE],
+            vllm_service_instance=FIRST,
+            vllm_service_ip_address_allow=["localhost"],
+        )
+    )
+    assert {
+        key: env.get(key) for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "VLLM_HOST_IP")
+    } == {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "VLLM_HOST_IP": "127.0.0.1"}
 
 
 @pytest.mark.parametrize("allow", [[], ["localhost", "10.0.0.0/8"]], ids=["all-allowed", "a-real-network"])
 def test_collectives_keep_their_interface_when_the_network_is_allowed(allow: list[str]) -> None:
-    env = _env(render(ENV_TEMPLATE, vllm_service_instances=[INSTANCE], vllm_service_instance=FIRST,
-                      vllm_service_ip_address_allow=allow))
+    env = _env(
+        render(
+            ENV_TEMPLATE,
+            vllm_service_instances=[INSTANCE],
+            vllm_service_instance=FIRST,
+            vllm_service_ip_address_allow=allow,
+        )
+    )
     assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
 
 
@@ -117,12 +158,14 @@ def test_instance_memory_limit_is_its_share_of_the_node_unless_overridden() -> N
     dropin = ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.d" / "gpufleet.conf.j2"
     # 2 instances on a node of 24000 MiB: 0.9 x 24000 / 2 = 10800 MiB each, throttled from 90 % of it.
     two = [INSTANCE, {**INSTANCE, "name": "b", "port": 8001, "gpus": [1]}]
-    lines = render(dropin, vllm_service_instances=two, vllm_service_instance=FIRST,
-                   ansible_facts={"memtotal_mb": 24000}).splitlines()
+    lines = render(
+        dropin, vllm_service_instances=two, vllm_service_instance=FIRST, ansible_facts={"memtotal_mb": 24000}
+    ).splitlines()
     assert "MemoryMax=10800M" in lines and "MemoryHigh=9720M" in lines
     override = {**INSTANCE, "unit_overrides": {"MemoryMax": "64G"}}
-    lines = render(dropin, vllm_service_instances=[override], vllm_service_instance=FIRST,
-                   ansible_facts={"memtotal_mb": 24000}).splitlines()
+    lines = render(
+        dropin, vllm_service_instances=[override], vllm_service_instance=FIRST, ansible_facts={"memtotal_mb": 24000}
+    ).splitlines()
     assert "MemoryMax=64G" in lines and "MemoryHigh=19440M" in lines
 
 
@@ -145,18 +188,30 @@ find /dev -type c -exec stat -c '%A %t %T %n' {} +
 
 def test_device_script_makes_the_h200s_nodes_once(tmp_path: Path) -> None:
     proc_devices = tmp_path / "devices"
-    proc_devices.write_text("\n".join(line for line in H200.split("\n\n")[0].splitlines()
-                                      if not line.startswith("#")) + "\n\nBlock devices:\n  7 loop\n")
-    result = subprocess.run(["unshare", "--mount", "sh", "-c", FAKE_DRIVER, "sh", str(proc_devices), str(SCRIPT)],
-                            capture_output=True, text=True, check=False)
+    proc_devices.write_text(
+        "\n".join(line for line in H200.split("\n\n")[0].splitlines() if not line.startswith("#"))
+        + "\n\nBlock devices:\n  7 loop\n"
+    )
+    result = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", FAKE_DRIVER, "sh", str(proc_devices), str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0 and "unshare failed" in result.stderr:
         pytest.skip(f"no mount namespace here: {result.stderr.strip()}")
     assert result.returncode == 0, result.stdout + result.stderr
     first, again = result.stdout.split("--- again\n")
     # The second run changes nothing: no node created, only find's listing follows.
     assert first.count("created ") == 6 and not [line for line in again.splitlines() if line.startswith("created ")]
-    made = {(int(major, 16), int(minor, 16), path, mode) for mode, major, minor, path in
-            (line.split() for line in again.splitlines())}
-    expected = {(n.major, n.minor, n.path, mode) for n, mode in zip(listed_nodes(H200), [
-        "crw-rw-rw-", "crw-rw-rw-", "crw-rw-rw-", "crw-rw-rw-", "cr--------", "cr--r--r--"])}
+    made = {
+        (int(major, 16), int(minor, 16), path, mode)
+        for mode, major, minor, path in (line.split() for line in again.splitlines())
+    }
+    expected = {
+        (n.major, n.minor, n.path, mode)
+        for n, mode in zip(
+            listed_nodes(H200), ["crw-rw-rw-", "crw-rw-rw-", "crw-rw-rw-", "crw-rw-rw-", "cr--------", "cr--r--r--"]
+        )
+    }
     assert made == expected

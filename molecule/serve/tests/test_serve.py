@@ -49,13 +49,26 @@ def test_instance_listens_on_loopback_only(host, instance: dict) -> None:
 def test_unit_is_hardened_and_restarts(host, instance: dict) -> None:
     properties = _properties(host, instance["name"])
     expected = {
-        "User": "vllm", "Restart": "always", "RestartUSec": "10s", "TimeoutStartUSec": "30min",
-        "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
-        "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectControlGroups": "yes",
-        "RestrictNamespaces": "yes", "DevicePolicy": "closed", "CapabilityBoundingSet": "", "UMask": "0077",
-        "LimitNOFILE": "1048576", "ReadWritePaths": "/var/lib/vllm",
+        "User": "vllm",
+        "Restart": "always",
+        "RestartUSec": "10s",
+        "TimeoutStartUSec": "30min",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "ProtectKernelTunables": "yes",
+        "ProtectKernelModules": "yes",
+        "ProtectControlGroups": "yes",
+        "RestrictNamespaces": "yes",
+        "DevicePolicy": "closed",
+        "CapabilityBoundingSet": "",
+        "UMask": "0077",
+        "LimitNOFILE": "1048576",
+        "ReadWritePaths": "/var/lib/vllm",
         # SIGINT to vLLM's main process only (a starting vLLM loses SIGTERM), what is left killed at once.
-        "KillSignal": "2", "KillMode": "mixed",
+        "KillSignal": "2",
+        "KillMode": "mixed",
     }
     assert {key: properties.get(key) for key in expected} == expected
 

@@ -3,7 +3,9 @@
 import pytest
 
 
-@pytest.mark.parametrize(("prefix", "version"), [("/usr/local/cuda-12.8", "12.8.1"), ("/usr/local/cuda-13.0", "13.0.2")])
+@pytest.mark.parametrize(
+    ("prefix", "version"), [("/usr/local/cuda-12.8", "12.8.1"), ("/usr/local/cuda-13.0", "13.0.2")]
+)
 def test_toolkits_side_by_side(host, prefix: str, version: str) -> None:
     assert f'"version": "{version}"' in host.file(f"{prefix}/version.json").content_string
     assert f"V{version}" in host.check_output(f"{prefix}/bin/nvcc --version")

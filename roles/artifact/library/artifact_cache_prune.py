@@ -113,8 +113,9 @@ def recorded(records_dir: str | None) -> set[str]:
     return found
 
 
-def plan(cached: list[dict[str, Any]], declared: set[str], records: set[str],
-         retention: int) -> tuple[dict[str, str], list[dict[str, Any]]]:
+def plan(
+    cached: list[dict[str, Any]], declared: set[str], records: set[str], retention: int
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """(sha256 -> why it stays, the entries to remove oldest first)."""
     kept: dict[str, str] = {}
     others = []
@@ -157,9 +158,12 @@ def main() -> None:
     if module._diff:
         listing = ["%s/%s" % (entry["sha256"], "/".join(entry["files"])) for entry in cached]
         gone = {entry["sha256"] for entry in removed}
-        result["diff"] = {"before": "\n".join(sorted(listing)) + "\n",
-                          "after": "\n".join(sorted(item for item in listing if item[:64] not in gone)) + "\n",
-                          "before_header": module.params["path"], "after_header": module.params["path"]}
+        result["diff"] = {
+            "before": "\n".join(sorted(listing)) + "\n",
+            "after": "\n".join(sorted(item for item in listing if item[:64] not in gone)) + "\n",
+            "before_header": module.params["path"],
+            "after_header": module.params["path"],
+        }
     module.exit_json(**result)
 
 

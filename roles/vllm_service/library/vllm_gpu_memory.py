@@ -103,8 +103,9 @@ def read_gpus(library: str | None) -> list[dict[str, Any]]:
             state = nvml.device(index)
             total = state["memory_total_bytes"] or 0
             used = (state["memory_used_bytes"] or 0) + (state["memory_reserved_bytes"] or 0)
-            gpus.append({"index": index, "total": total, "free": total - used,
-                         "processes": nvml.compute_processes(index)})
+            gpus.append(
+                {"index": index, "total": total, "free": total - used, "processes": nvml.compute_processes(index)}
+            )
         return gpus
 
 
@@ -113,8 +114,9 @@ def utilization(instance: dict[str, Any]) -> float:
     return VLLM_DEFAULT_UTILIZATION if value is None else float(value)
 
 
-def check(instances: list[dict[str, Any]], gpus: list[dict[str, Any]], tolerance: float
-          ) -> tuple[list[dict[str, Any]], list[str]]:
+def check(
+    instances: list[dict[str, Any]], gpus: list[dict[str, Any]], tolerance: float
+) -> tuple[list[dict[str, Any]], list[str]]:
     """The per-instance report and the problems, from instances with their pids resolved."""
     report, problems = [], []
     promised = {gpu["index"]: 0.0 for gpu in gpus}
@@ -124,39 +126,49 @@ def check(instances: list[dict[str, Any]], gpus: list[dict[str, Any]], tolerance
         for index in instance.get("gpus") or [gpu["index"] for gpu in gpus]:
             gpu = next((g for g in gpus if g["index"] == int(index)), None)
             if gpu is None:
-                problems.append(f"vllm@{instance['name']}: GPU {index} does not exist (NVML sees {len(gpus)}); "
-                                "fix its gpus")
+                problems.append(
+                    f"vllm@{instance['name']}: GPU {index} does not exist (NVML sees {len(gpus)}); fix its gpus"
+                )
                 continue
             promised[gpu["index"]] += share
             mine = [p for p in gpu["processes"] if p["pid"] in instance["pids"]]
             held = sum(p["used_memory_bytes"] or 0 for p in mine)
-            row = {"index": gpu["index"], "held_mib": held // MIB, "share_mib": int(share * gpu["total"]) // MIB,
-                   "total_mib": gpu["total"] // MIB, "free_mib": gpu["free"] // MIB,
-                   "pids": sorted(p["pid"] for p in mine)}
+            row = {
+                "index": gpu["index"],
+                "held_mib": held // MIB,
+                "share_mib": int(share * gpu["total"]) // MIB,
+                "total_mib": gpu["total"] // MIB,
+                "free_mib": gpu["free"] // MIB,
+                "pids": sorted(p["pid"] for p in mine),
+            }
             rows.append(row)
             if not mine:
                 problems.append(
                     f"vllm@{instance['name']}: no process of the instance has a CUDA context on GPU {gpu['index']}: "
                     "it runs without the GPU (a CPU build, or CUDA_VISIBLE_DEVICES/gpus point elsewhere); "
-                    "check torch_stack_info and the instance's gpus")
+                    "check torch_stack_info and the instance's gpus"
+                )
             elif any(p["used_memory_bytes"] is None for p in mine):
-                problems.append(f"vllm@{instance['name']}: NVML does not report per-process memory on GPU "
-                                f"{gpu['index']} (no permission or a vGPU); read it with nvidia-smi as root")
+                problems.append(
+                    f"vllm@{instance['name']}: NVML does not report per-process memory on GPU "
+                    f"{gpu['index']} (no permission or a vGPU); read it with nvidia-smi as root"
+                )
             elif held < (share - tolerance) * gpu["total"]:
                 problems.append(
                     f"vllm@{instance['name']}: holds {row['held_mib']} MiB of GPU {gpu['index']}, less than its share "
                     f"{row['share_mib']} MiB (gpu_memory_utilization {share}): the KV cache or the allocator did not "
-                    "warm up; rerun the warm-up (vllm_service_warmup_always) and read the journal's KV cache lines")
+                    "warm up; rerun the warm-up (vllm_service_warmup_always) and read the journal's KV cache lines"
+                )
         report.append({"name": instance["name"], "gpu_memory_utilization": share, "gpus": rows})
     for gpu in gpus:
         headroom = (1 - promised[gpu["index"]] - tolerance) * gpu["total"]
         if promised[gpu["index"]] and gpu["free"] < headroom:
-            others = sorted(p["pid"] for p in gpu["processes"]
-                            if not any(p["pid"] in i["pids"] for i in instances))
+            others = sorted(p["pid"] for p in gpu["processes"] if not any(p["pid"] in i["pids"] for i in instances))
             problems.append(
                 f"GPU {gpu['index']}: {gpu['free'] // MIB} MiB free, less than the {int(headroom) // MIB} MiB the "
                 f"instances' gpu_memory_utilization leaves free: other processes hold GPU memory (pids {others}); "
-                "stop them, or lower gpu_memory_utilization")
+                "stop them, or lower gpu_memory_utilization"
+            )
     return report, problems
 
 
@@ -172,8 +184,11 @@ def main() -> None:
     instances = []
     for instance in module.params["instances"]:
         pids = instance.get("pids")
-        resolved = set(pids) if pids is not None else unit_pids(module, instance.get("unit")
-                                                                or f"vllm@{instance['name']}.service")
+        resolved = (
+            set(pids)
+            if pids is not None
+            else unit_pids(module, instance.get("unit") or f"vllm@{instance['name']}.service")
+        )
         instances.append({**instance, "pids": {int(pid) for pid in resolved}})
     try:
         gpus = read_gpus(module.params["library"])
