@@ -135,8 +135,8 @@ def main() -> None:
         alive=alive_addresses(nodes),
         missing=missing,
         # fail_json above never returns; ansible has no type hints that tell mypy so.
-        versions=result["versions"],
-    )  # type: ignore[index]
+        versions=result["versions"],  # type: ignore[index]
+    )
     if missing:
         module.fail_json(
             msg=f"Ray cluster at {params['address']}: {', '.join(missing)} not listed alive "
