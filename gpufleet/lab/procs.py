@@ -53,7 +53,8 @@ def write_pid_file(path: Path, pid: int) -> PidRecord | None:
     if record is None:
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    # One temporary file per writer: the mirror server records itself in the file `lab up` records it in.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(record.to_json() + "\n")
     os.replace(tmp, path)
     return record

@@ -87,6 +87,22 @@ def test_pid_record_tracks_a_live_process(tmp_path: Path, sleeper: subprocess.Po
     assert not procs.is_alive(record)
 
 
+def test_two_writers_of_one_pid_file_do_not_take_each_others_temporary_file(tmp_path: Path) -> None:
+    # `lab up` records the mirror server it started while the server records itself in the same file (seen:
+    # one writer's rename took the other's temporary file, FileNotFoundError, and `gpufleet demo` failed).
+    pid_file = tmp_path / "mirror.pid"
+    code = (
+        "import os, sys; from pathlib import Path; from gpufleet.lab import procs\n"
+        "for _ in range(300): procs.write_pid_file(Path(sys.argv[1]), os.getpid())"
+    )
+    writers = [subprocess.Popen([sys.executable, "-c", code, str(pid_file)], stderr=subprocess.PIPE) for _ in range(2)]
+    errors = [writer.communicate()[1].decode() for writer in writers]
+    assert [writer.returncode for writer in writers] == [0, 0], errors
+    record = procs.read_pid_file(pid_file)
+    assert record is not None and record.pid in {writer.pid for writer in writers}
+    assert [path.name for path in tmp_path.iterdir()] == ["mirror.pid"]
+
+
 def test_recycled_pid_is_not_ours(sleeper: subprocess.Popen[bytes]) -> None:
     record = procs.record_for(sleeper.pid)
     assert record is not None
