@@ -27,6 +27,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.lab)
 
 
+# What a failed test's report adds from every lab host: the failed units and their journals of this boot. CI keeps
+# only the output's tail, and the lab is gone when the run ends; a unit that failed earlier (a stop that timed out,
+# a crash loop) shows here with its cause.
+FAILED_UNITS_SCRIPT = (
+    "systemctl is-system-running; systemctl --failed --no-legend --plain; "
+    "for unit in $(systemctl --failed --no-legend --plain | cut -d' ' -f1); do "
+    'echo "--- journal of $unit"; journalctl -b -u "$unit" -n 40 --no-pager -o short-monotonic; done'
+)
+
+
+def failed_units_report(inventory: Path) -> str:
+    command = [str(BIN / "ansible"), "-i", str(inventory), "gpu_nodes", "-m", "ansible.builtin.shell"]
+    command += ["-a", FAILED_UNITS_SCRIPT]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT, check=False)
+    except subprocess.TimeoutExpired:
+        return "the lab hosts did not answer within 120 s"
+    return result.stdout[-6000:] + result.stderr[-1000:]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    if report.when == "call" and report.failed and LAB_INVENTORY.is_file():
+        report.sections.append(("lab hosts: failed units", failed_units_report(LAB_INVENTORY)))
+    return report
+
+
 @pytest.fixture(scope="session")
 def lab_inventory() -> Path:
     """The shared lab's inventory; fails (not skips) when no lab runs, so a missing lab is visible."""
