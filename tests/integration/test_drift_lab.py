@@ -242,10 +242,11 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
     assert rc == 0, text
     other_before = manifest(inventory, untouched)
     booted = boot_id(inventory, tampered)
-    # The venv in service (its inode: a new venv is a new directory) and the installers' logs (rewritten by
-    # every install).
+    # When the venv in service was created (its pyvenv.cfg is written once, by `python -m venv`; not its
+    # inode: the new venv has the old one's path, and the file system hands the freed inode number out again)
+    # and the installers' logs (rewritten by every install).
     installed = (
-        "stat -c %i $(readlink -f /opt/gpufleet/venvs/current); "
+        "stat -c %Y $(readlink -f /opt/gpufleet/venvs/current)/pyvenv.cfg; "
         "stat -c %Y /var/log/nvidia-installer.log /var/log/cuda-installer.log"
     )
     rc, before = sh(inventory, tampered, installed)
@@ -275,7 +276,7 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
     assert rc == 0, after
     venv_before, *logs_before = before.split()
     venv_after, *logs_after = after.split()
-    assert venv_after != venv_before, "the venv was built again"
+    assert int(venv_after) > int(venv_before), f"the venv was built again: pyvenv.cfg {venv_before} -> {venv_after}"
     assert all(new > old for old, new in zip(logs_before, logs_after, strict=True)), (
         f"the driver and toolkit installers ran again: log times {logs_before} -> {logs_after}"
     )
