@@ -17,9 +17,8 @@ export GPUFLEET_TEST_LAB_HOSTS="${GPUFLEET_TEST_LAB_HOSTS:-2}"
 LAB_HOSTS="$GPUFLEET_TEST_LAB_HOSTS"
 # The lab's releases, cycled over the hosts: GPUFLEET_TEST_LAB_OS=debian12,debian13 makes lab-2 Debian 13, where
 # the last-host tests run (test_driver, the fabric manager and reboot tests); each release's root file system is
-# built on the first run and cached. Debian 12 only until a mixed run has passed whole: the last two ended with
-# lab-2 degraded by vLLM units that failed at the stop timeout (issue 16).
-LAB_OS="${GPUFLEET_TEST_LAB_OS:-debian12}"
+# built on the first run and cached. GPUFLEET_TEST_LAB_OS=debian12 runs it on one release.
+LAB_OS="${GPUFLEET_TEST_LAB_OS:-debian12,debian13}"
 declare -a stage_names=() stage_seconds=() stage_results=()
 failed=0
 

@@ -16,13 +16,16 @@ The serve and proxy layers start vLLM and nginx, which other tests own; they are
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_drift_support import (
+    BIN,
     LAYERS,
     PROJECT_ROOT,
     assert_unchanged,
@@ -240,6 +243,30 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
     # ECC errors are the GPU's own: no rebuild clears them (the report would keep them); the GPU is serviced.
     rc, text = sh(inventory, tampered, f"{SIMGPUCTL} ecc-errors --gpu 0 0")
     assert rc == 0, text
+    # The node serves before the rebuild (LAYERS leave serve out; in the suite an earlier test started them):
+    # what the rebuild stops it must start again.
+    serving_now = (
+        "systemctl is-active vllm@main vllm@greedy; curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health"
+    )
+    if sh(inventory, tampered, serving_now)[1].split() != ["active", "active", "200"]:
+        result = subprocess.run(
+            [
+                str(BIN / "ansible-playbook"),
+                "-i",
+                str(inventory),
+                "--limit",
+                tampered,
+                "playbooks/serve.yml",
+                "playbooks/proxy.yml",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=1800,
+            check=False,
+            env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
+        )
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     other_before = manifest(inventory, untouched)
     booted = boot_id(inventory, tampered)
     # When the venv in service was created (its pyvenv.cfg is written once, by `python -m venv`; not its
@@ -286,10 +313,14 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
     assert_unchanged(other_before, manifest(inventory, untouched), untouched)
     # The driver's reinstall stopped the instances and no serve layer ran (--layers leaves it out): the run's
     # last play started them again, health-gated, so the node serves through its proxy.
-    serving = sh(
+    serving = sh(inventory, tampered, serving_now)[1]
+    assert serving.split() == ["active", "active", "200"], serving
+    # Not one failed start on the way: the driver layer rebooted the node with its venv removed, and an instance
+    # still enabled at boot would have crash-looped to start-limit-hit before the run started it again.
+    rc, failures = sh(
         inventory,
         tampered,
-        "systemctl is-active vllm@main vllm@greedy; "
-        "curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health",
-    )[1]
-    assert serving.split() == ["active", "active", "200"], serving
+        "journalctl -b -u vllm@main -u vllm@greedy -o cat --no-pager | grep -E 'Failed with result|Start request repeated' "
+        "|| true",
+    )
+    assert rc == 0 and failures.strip() == "", f"the rebuilt node's instances failed at boot:\n{failures}"
