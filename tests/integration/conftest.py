@@ -55,6 +55,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # What the passed lab tests printed (their figures: times, memory, counts), which -q would otherwise drop:
+    # CI's output is the only record of a run on its machine.
+    printed = [(report.nodeid, report.capstdout.strip()) for report in terminalreporter.stats.get("passed", [])]
+    printed = [(nodeid, text) for nodeid, text in printed if text]
+    if printed:
+        terminalreporter.section("figures printed by the passed lab tests")
+        for nodeid, text in printed:
+            terminalreporter.write_line(f"{nodeid}:")
+            for line in text.splitlines()[-10:]:
+                terminalreporter.write_line(f"  {line[:400]}")
+
+
 @pytest.fixture(scope="session")
 def lab_inventory() -> Path:
     """The shared lab's inventory; fails (not skips) when no lab runs, so a missing lab is visible."""

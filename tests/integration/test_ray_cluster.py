@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from gpufleet import PROJECT_ROOT
