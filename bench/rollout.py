@@ -1,13 +1,16 @@
-"""A rolling upgrade of the lab fleet under load: `gpufleet upgrade --max-unavailable 1` of a vLLM option
-change (every instance restarts, health-gated and warmed up), then of the change taken back, while a bounded
-client loop sends completions through every node's TLS proxy in turn.
+"""Rolling upgrades of the lab fleet under load (issue 13): with at most one node out of service at once,
+`gpufleet upgrade` of a driver change (a newer driver on every node: installed, rebooted into, the instances
+started again, health-gated), the change taken back (the lab's driver again, a downgrade), and a venv change run
+through playbooks/upgrade.yml directly (every node's venv built again from the wheelhouse, the instances
+restarted on it), while a bounded client loop sends completions through every node's TLS proxy in turn.
 
-Usage: .venv/bin/python bench/rollout.py [--hosts h4-1,h4-2,h4-3] [--requests-per-second 2]
+Usage: .venv/bin/python bench/rollout.py [--hosts b-1,b-2,b-3,b-4] [--changes driver,venv] [--requests-per-second 2]
        (GPUFLEET_LAB_INVENTORY and friends name the lab; its nodes must be converged with site.yml)
 
 Prints per rollout: its wall time against the sum of the per-node upgrade times, and the requests answered
-(200), refused by a drained node (503 with Retry-After) and failed otherwise. The change is a host_vars file
-per node beside the lab inventory, removed at the end. Requests go to the lab nodes' own addresses only.
+(200), refused by a drained node (503 with Retry-After) and failed otherwise, per node. The driver change is a
+host_vars file per node beside the lab inventory, removed at the end. Requests go to the lab nodes' own
+addresses only, and the loop ends with the rollout.
 """
 
 from __future__ import annotations
@@ -24,15 +27,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-GPUFLEET = Path(sys.executable).with_name("gpufleet")
+BIN = Path(sys.executable).parent
 CACHE = Path(os.environ.get("GPUFLEET_CACHE") or "/var/cache/gpufleet")
-SERVE_VARS = PROJECT_ROOT / "inventories" / "lab" / "group_vars" / "all" / "serve.yml"
-NODE_LINE = re.compile(r"^upgrade: (\S+): upgraded \(layers [^,]+(?:, [^,]+)*, ([0-9.]+) s\)", re.M)
+LAB_VARS = PROJECT_ROOT / "inventories" / "lab" / "group_vars" / "all"
+# A newer R580 stand-in than the lab stack's driver (lab/runfiles/build.py).
+NEWER_DRIVER = "580.159.04"
+# `gpufleet upgrade`'s line per node, and playbooks/upgrade.yml's report (run directly).
+CLI_NODE_LINE = re.compile(r"^upgrade: (\S+): upgraded \(layers [^)]*, ([0-9.]+) s\)", re.M)
+PLAYBOOK_NODE_LINE = re.compile(r"(?:^|\s)(\S+): upgraded \(([0-9.]+) s\)")
 
 
 class Client(threading.Thread):
@@ -43,7 +51,8 @@ class Client(threading.Thread):
         self.addresses, self.interval = addresses, 1.0 / rate
         self.context = ssl.create_default_context(cafile=str(CACHE / "lab-tls" / "ca.crt"))
         self.key = (CACHE / "lab-secrets" / "proxy-api-key").read_text().strip()
-        self.model = str(yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instances"][0]["served_model_name"])
+        serve = yaml.safe_load((LAB_VARS / "serve.yml").read_text())
+        self.model = str(serve["vllm_service_instances"][0]["served_model_name"])
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self.stop = threading.Event()
 
@@ -69,33 +78,37 @@ class Client(threading.Thread):
                 self.stop.wait(self.interval)
 
 
-def rollout(inventory: Path, hosts: list[str], runs: Path) -> tuple[float, dict[str, float], str]:
-    started = time.monotonic()
+Rollout = Callable[[], tuple[int, str]]
+
+
+def run(command: list[str], runs: Path) -> tuple[int, str]:
     result = subprocess.run(
-        [str(GPUFLEET), "upgrade", "-i", str(inventory), "--limit", ",".join(hosts), "--max-unavailable", "1"],
+        command,
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
-        env=dict(os.environ, GPUFLEET_RUNS_DIR=str(runs)),
+        env=dict(os.environ, GPUFLEET_RUNS_DIR=str(runs), ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
         check=False,
     )
-    wall = time.monotonic() - started
-    if result.returncode != 0:
-        sys.exit(f"bench: the upgrade failed ({result.returncode}):\n{result.stdout[-6000:]}{result.stderr[-3000:]}")
-    return wall, {node: float(seconds) for node, seconds in NODE_LINE.findall(result.stdout)}, result.stdout
+    return result.returncode, result.stdout + result.stderr
 
 
-def measured(name: str, inventory: Path, hosts: list[str], addresses: dict[str, str], rate: float, runs: Path) -> None:
+def measured(name: str, rollout: Rollout, node_line: re.Pattern[str], addresses: dict[str, str], rate: float) -> None:
     client = Client(addresses, rate)
     client.start()
+    started = time.monotonic()
     try:
-        wall, per_node, _ = rollout(inventory, hosts, runs)
+        rc, output = rollout()
     finally:
+        wall = time.monotonic() - started
         client.stop.set()
         client.join()
+    if rc != 0:
+        sys.exit(f"bench: {name}: the upgrade failed ({rc}):\n{output[-8000:]}")
+    per_node = {node: float(seconds) for node, seconds in node_line.findall(output)}
     answers = collections.Counter(status for (_, status) in client.counts.elements())
     print(
-        f"{name}: {len(hosts)} nodes, max 1 unavailable: wall {wall:.0f} s; per-node upgrade times "
+        f"{name}: {len(addresses)} nodes, max 1 unavailable: wall {wall:.0f} s; per-node upgrade times "
         + ", ".join(f"{node} {seconds:.0f} s" for node, seconds in sorted(per_node.items()))
         + f" (sum {sum(per_node.values()):.0f} s; the rest is the drift check, preflight and the rollout's checks)"
     )
@@ -108,13 +121,41 @@ def measured(name: str, inventory: Path, hosts: list[str], addresses: dict[str, 
     for node in sorted(addresses):
         print(
             f"  {node}: "
-            + ", ".join(f"{status} x{n}" for (host, status), n in sorted(client.counts.items()) if host == node)
+            + ", ".join(f"{status} x{n}" for (host, status), n in sorted(client.counts.items()) if host == node),
+            flush=True,
         )
+
+
+def upgrade_cli(inventory: Path, hosts: list[str], runs: Path) -> Rollout:
+    command = [str(BIN / "gpufleet"), "upgrade", "-i", str(inventory), "--limit", ",".join(hosts)]
+    return lambda: run(command + ["--max-unavailable", "1", "--layers", "driver"], runs)
+
+
+def upgrade_playbook(inventory: Path, hosts: list[str], runs: Path, extra: dict) -> Rollout:
+    command = [str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", ",".join(hosts)]
+    command += [
+        str(PROJECT_ROOT / "playbooks" / "upgrade.yml"),
+        "-e",
+        json.dumps({"upgrade_max_unavailable": 1, **extra}),
+    ]
+    return lambda: run(command, runs)
+
+
+def with_host_vars(directory: Path, hosts: list[str], values: dict, body: Callable[[], None]) -> None:
+    written = [directory / f"{host}.yml" for host in hosts]
+    try:
+        for path in written:
+            path.write_text(yaml.safe_dump(values))
+        body()
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", help="lab nodes, comma-separated (default: every node of the inventory)")
+    parser.add_argument("--changes", default="driver,venv", help="rollouts to run: driver, venv (default both)")
     parser.add_argument("--requests-per-second", type=float, default=2.0)
     args = parser.parse_args()
     inventory = Path(os.environ.get("GPUFLEET_LAB_INVENTORY") or PROJECT_ROOT / "inventories" / "lab" / "hosts.yml")
@@ -122,22 +163,56 @@ def main() -> int:
     hosts = args.hosts.split(",") if args.hosts else sorted(nodes)
     addresses = {host: str(nodes[host]["ansible_host"]) for host in hosts}
     runs = Path(os.environ.get("GPUFLEET_RUNS_DIR") or "/var/lib/gpufleet/runs")
+    rate = args.requests_per_second
     host_vars = inventory.parent / "host_vars"
     created = not host_vars.exists()
     host_vars.mkdir(exist_ok=True)
-    defaults = yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instance_defaults"]
-    written = [host_vars / f"{host}.yml" for host in hosts]
+    stack = yaml.safe_load((LAB_VARS / "stack.yml").read_text())["gpufleet_stack"]
+    changes = args.changes.split(",")
     try:
-        for path in written:
-            path.write_text(yaml.safe_dump({"vllm_service_instance_defaults": {**defaults, "max_num_seqs": 8}}))
-        measured("vLLM option change", inventory, hosts, addresses, args.requests_per_second, runs)
+        if "driver" in changes:
+            subprocess.run(
+                [sys.executable, str(PROJECT_ROOT / "lab" / "runfiles" / "build.py"), "--publish"], check=True
+            )
+            newer = {"gpufleet_stack": {**stack, "driver": NEWER_DRIVER}}
+            with_host_vars(
+                host_vars,
+                hosts,
+                newer,
+                lambda: measured(
+                    f"driver {stack['driver']} -> {NEWER_DRIVER}",
+                    upgrade_cli(inventory, hosts, runs),
+                    CLI_NODE_LINE,
+                    addresses,
+                    rate,
+                ),
+            )
+            # Back to the lab's declaration: a downgrade, which the driver role does only when allowed.
+            with_host_vars(
+                host_vars,
+                hosts,
+                {"nvidia_driver_allow_downgrade": True},
+                lambda: measured(
+                    f"driver {NEWER_DRIVER} -> {stack['driver']} (taken back)",
+                    upgrade_cli(inventory, hosts, runs),
+                    CLI_NODE_LINE,
+                    addresses,
+                    rate,
+                ),
+            )
+        if "venv" in changes:
+            # The lab's wheelhouse holds one vLLM, so the venv change is the venv built again from it (what
+            # `gpufleet rebuild --full` does to one node), rolled out through the playbook's own variables.
+            extra = {"upgrade_layers": ["venv"], "upgrade_extra_vars": {"rebuild_fresh_venv": True}}
+            measured(
+                "venv built again from the wheelhouse",
+                upgrade_playbook(inventory, hosts, runs, extra),
+                PLAYBOOK_NODE_LINE,
+                addresses,
+                rate,
+            )
     finally:
-        for path in written:
-            path.unlink(missing_ok=True)
-    try:
-        measured("change taken back", inventory, hosts, addresses, args.requests_per_second, runs)
-    finally:
-        if created:
+        if created and not any(host_vars.iterdir()):
             host_vars.rmdir()
     return 0
 

@@ -46,7 +46,9 @@ SUMS_JSON = "sha256.json"
 # Driver versions of the lab and the CUDA driver API version each reports (nvidia-smi "CUDA Version",
 # NVML nvmlSystemGetCudaDriverVersion): R570 runs CUDA 12.8, R580 runs CUDA 13.0 (NVIDIA CUDA Toolkit release
 # notes, table of toolkit and minimum driver versions: 12.8 GA ships 570.86.10, 13.0 GA ships 580.65.06).
-DRIVERS = {"570.124.06": 12080, "580.95.05": 13000}
+# 580.159.04 is the real H200 machine's driver (tests/fixtures/h200-real: NVML reports CUDA driver 13000), a
+# newer R580 than the lab stack's for driver upgrades (test_rollout rolls one back).
+DRIVERS = {"570.124.06": 12080, "580.95.05": 13000, "580.159.04": 13000}
 # Toolkit versions of the lab and the driver NVIDIA bundles with each (the runfile's name),
 # from ../shared/data/compat/cuda_driver.csv.
 TOOLKITS = {"12.8.1": "570.124.06", "13.0.2": "580.95.05"}

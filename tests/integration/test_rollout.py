@@ -1,13 +1,13 @@
 """`gpufleet upgrade` and `gpufleet cordon` on the lab (issue 13): a rollout whose first node fails its health
-gate stops there, with that node rolled back to what it served before and serving again, and the next node
-untouched; a proxy change that nginx accepts but that breaks the way to the instances is rolled back (the
-site of before, nginx reloaded) while the instances keep running; a cordoned node is skipped by the rollout,
-refused when named without --force, and still cordoned afterwards; an instance out of service before an upgrade
-is out of service after it. The declaration change of each test is a host_vars file beside the lab inventory,
-removed after.
+gate after a driver upgrade stops there, with that node rolled back to what it served before (its driver
+reinstalled and rebooted into) and serving again, and the next node untouched; a proxy change that nginx
+accepts but that breaks the way to the instances is rolled back (the site of before, nginx reloaded) while the
+instances keep running; a cordoned node is skipped by the rollout, refused when named without --force, and
+still cordoned afterwards; an instance out of service before an upgrade is out of service after it. The
+declaration change of each test is a host_vars file beside the lab inventory, removed after.
 
-Two nodes are enough (the suite's shared lab has two); the failing node is the first, so the second is the
-"untouched" one of the issue's three-node case.
+The suite's shared lab has two nodes: the failing node is the first, and the second is the "untouched" one of
+the issue's three-node case; on a lab of three or more the rollout takes three nodes, two of them untouched.
 """
 
 from __future__ import annotations
@@ -20,11 +20,18 @@ from pathlib import Path
 import pytest
 import yaml
 from test_drift_support import gpufleet
-from test_driver_support import sh
+from test_driver_support import boot_id, publish_standins, sh
 
 pytestmark = pytest.mark.lab
 
-SERVE_VARS = Path(__file__).resolve().parents[2] / "inventories" / "lab" / "group_vars" / "all" / "serve.yml"
+LAB_VARS = Path(__file__).resolve().parents[2] / "inventories" / "lab" / "group_vars" / "all"
+SERVE_VARS = LAB_VARS / "serve.yml"
+# The driver an upgrade moves the failing node to: a newer R580 stand-in than the lab stack's.
+NEWER_DRIVER = "580.159.04"
+DRIVER = (
+    "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u; "
+    'python3 -c \'import json; print(json.load(open("/var/lib/gpufleet/nvidia-driver.json"))["version"])\''
+)
 # What one node serves: the venv and model links, the unit configuration, which instances run, and since when.
 SERVING = (
     "readlink /opt/gpufleet/venvs/current /var/lib/gpufleet/models/*; "
@@ -66,29 +73,38 @@ def state(inventory: Path, node: str, script: str) -> str:
 
 
 def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
-    nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path
+    lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
 ) -> None:
-    inventory, failing, other = nodes
-    before = {node: state(inventory, node, SERVING) for node in (failing, other)}
+    # The first node fails; the next ones (one on the suite's lab, two on a lab of three or more: the issue's
+    # three-node rollout) must be left untouched.
+    inventory, (failing, *others) = lab_inventory, sorted(lab_hosts)[:3]
+    before = {node: state(inventory, node, SERVING) for node in (failing, *others)}
     # What the rollback must give back: the converged lab serves both instances on each node.
     assert state(inventory, failing, RUNNING).splitlines()[:2] == ["active", "active"]
-    other_running = state(inventory, other, RUNNING)
-    # The change: an option vLLM refuses, so each instance exits at start and never passes /health; a short
-    # gate so the test does not wait the lab's ten minutes, and a restart delay longer than the gate, so the
-    # rollback finds the instance in its crash loop's auto-restart (service_facts calls that "stopped").
+    others_running = {node: state(inventory, node, RUNNING) for node in others}
+    stack = yaml.safe_load((LAB_VARS / "stack.yml").read_text())["gpufleet_stack"]
+    assert state(inventory, failing, DRIVER).split() == [stack["driver"]] * 2
+    booted = boot_id(inventory, failing)
+    publish_standins()
+    # The change: a newer driver (installed, and rebooted into), and an option vLLM refuses, so each instance
+    # exits at start and never passes /health; a short gate so the test does not wait the lab's ten minutes, and a
+    # restart delay longer than the gate, so the rollback finds the instance in its crash loop's auto-restart
+    # (service_facts calls that "stopped").
     defaults = yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instance_defaults"]
     (host_vars / f"{failing}.yml").write_text(
         yaml.safe_dump(
             {
+                "gpufleet_stack": {**stack, "driver": NEWER_DRIVER},
                 "vllm_service_instance_defaults": {**defaults, "extra_args": ["--gpufleet-no-such-option"]},
                 "vllm_service_health_timeout": 45,
                 "vllm_service_restart_sec": 60,
             }
         )
     )
-    (host_vars / f"{other}.yml").write_text(
-        yaml.safe_dump({"vllm_service_instance_defaults": {**defaults, "max_num_seqs": 8}})
-    )
+    for other in others:
+        (host_vars / f"{other}.yml").write_text(
+            yaml.safe_dump({"vllm_service_instance_defaults": {**defaults, "max_num_seqs": 8}})
+        )
 
     result = gpufleet(
         tmp_path,
@@ -96,36 +112,45 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
         "-i",
         str(inventory),
         "--limit",
-        f"{failing},{other}",
+        ",".join([failing, *others]),
         "--max-unavailable",
         "1",
         "--layers",
-        "serve,proxy",
+        "driver,serve,proxy",
     )
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-6000:]
-    assert re.search(rf"upgrade: {failing}: layers serve, proxy", output), output[-6000:]
+    assert re.search(rf"upgrade: {failing}: layers driver, serve, proxy", output), output[-6000:]
     assert re.search(
-        rf"upgrade: {failing}: rolled_back \(layers serve, proxy, [0-9.]+ s\) - .*health did not answer 2xx", output
+        rf"upgrade: {failing}: rolled_back \(layers driver, serve, proxy, [0-9.]+ s\) - .*health did not answer 2xx",
+        output,
     ), output[-6000:]
     # Why, in vLLM's own words: the last error line of the instance's journal.
     assert "last error: api_server.py: error: unrecognized arguments: --gpufleet-no-such-option" in output, output[
         -6000:
     ]
-    assert "rolled back to what it served before" in output
-    assert f"upgrade: {other}: not started" in output
+    assert re.search(
+        rf"rolled back to what it served before \(vllm@\S+, vllm@\S+ on driver {stack['driver']}\), serving", output
+    ), output[-6000:]
+    for other in others:
+        assert f"upgrade: {other}: not started" in output
     assert f"gpufleet: error: the rollout stopped: {failing}: rolled_back" in output
 
-    # The failed node serves what it served before, through its proxy, undrained.
+    # The failed node runs its driver of before (NVML through nvidia-smi, and the role's record): the rollback
+    # reinstalled it and rebooted, or NVML would report the newer module still loaded.
+    assert boot_id(inventory, failing) != booted
+    assert state(inventory, failing, DRIVER).split() == [stack["driver"]] * 2
+    # It serves what it served before, through its proxy, undrained.
     assert state(inventory, failing, SERVING) == before[failing]
     assert state(inventory, failing, RUNNING).splitlines()[:2] == ["active", "active"]
     # Started by the rollback from the restored configuration, not by the failed one's crash loop restarting
     # it (a stop and a start set systemd's count of automatic restarts to 0).
     assert state(inventory, failing, "systemctl show -p NRestarts --value vllm@main vllm@greedy").split() == ["0", "0"]
     assert state(inventory, failing, THROUGH_PROXY).split() == ["200", "not-drained"]
-    # The next node was never touched: same state, its instances not restarted.
-    assert state(inventory, other, SERVING) == before[other]
-    assert state(inventory, other, RUNNING) == other_running
+    # The next nodes were never touched: same state, their instances not restarted.
+    for other in others:
+        assert state(inventory, other, SERVING) == before[other]
+        assert state(inventory, other, RUNNING) == others_running[other]
 
 
 def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
