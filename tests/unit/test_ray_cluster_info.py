@@ -160,17 +160,22 @@ def test_a_ray_instance_on_a_gpu_cluster_renders_pipeline_stages_over_the_cluste
         "distributed_executor_backend": "ray",
     }
     dropin = VLLM_ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.d" / "gpufleet.conf.j2"
+    # How the head joins its cluster, as role ray_cluster's client entry point says (tests/unit/
+    # test_vllm_service_devices.py checks the environment it gives).
+    client = {"address": "10.0.0.1:6379", "node_address": "10.0.0.1", "allowed": ["localhost", "10.0.0.0/24"]}
     unit = render(
         dropin,
         VLLM_ROLE,
         vllm_service_instances=[big],
         vllm_service_instance="{{ __vllm_service_instances[0] }}",
         ansible_facts={"memtotal_mb": 2_000_000},
+        ray_cluster_client={**client, "socket_ifname": ""},
     )
     argv = exec_start(unit)
     pairs = dict(zip(argv, argv[1:]))
     assert pairs["--tensor-parallel-size"] == "8" and pairs["--pipeline-parallel-size"] == "2"
     assert pairs["--distributed-executor-backend"] == "ray"
+    assert "IPAddressAllow=localhost 10.0.0.0/24" in unit.splitlines()
     # Without the key nothing changes for the single-node instances.
     single = {
         key: value

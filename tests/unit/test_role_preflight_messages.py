@@ -23,14 +23,21 @@ PLAYBOOK = """
   tasks:
     - ansible.builtin.include_role:
         name: "{{ role_under_test }}"
-        tasks_from: preflight.yml
+        tasks_from: "{{ tasks_under_test }}"
 """
 
 
-def _run_preflight(tmp_path: Path, role: str, extra: dict[str, object]) -> subprocess.CompletedProcess[str]:
+def _run_preflight(
+    tmp_path: Path, role: str, extra: dict[str, object], tasks: str = "preflight.yml"
+) -> subprocess.CompletedProcess[str]:
     book = tmp_path / "play.yml"
     book.write_text(PLAYBOOK)
-    variables = {"role_under_test": role, "ansible_python_interpreter": str(REPO / ".venv/bin/python"), **extra}
+    variables = {
+        "role_under_test": role,
+        "tasks_under_test": tasks,
+        "ansible_python_interpreter": str(REPO / ".venv/bin/python"),
+        **extra,
+    }
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
     argv = [
         str(REPO / ".venv/bin/ansible-playbook"),
@@ -83,3 +90,13 @@ def test_missing_required_input_is_named(tmp_path: Path, role: str, extra: dict[
     assert result.returncode == 2, output
     assert message in output
     assert "is undefined" not in output
+
+
+def test_an_instance_on_ray_outside_a_cluster_is_refused_by_name(tmp_path: Path) -> None:
+    # role vllm_service's preflight asks ray_cluster's client entry point how an instance on Ray joins its
+    # cluster; on a node that heads none, the refusal says what to declare.
+    result = _run_preflight(tmp_path, "ray_cluster", {}, tasks="client.yml")
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, output
+    assert "localhost declares an instance on Ray (distributed_executor_backend: ray) but is not the head" in output
+    assert "ray_cluster_group unset, head unset" in output

@@ -154,6 +154,67 @@ def test_collectives_keep_their_interface_when_the_network_is_allowed(allow: lis
     assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
 
 
+# What role ray_cluster's client entry point gives the head of a two-member cluster (cluster interface eth1).
+RAY_CLIENT = {
+    "address": "10.254.0.1:6379",
+    "node_address": "10.254.0.1",
+    "allowed": ["localhost", "10.254.0.0/30"],
+    "socket_ifname": "eth1",
+}
+ON_RAY = {**INSTANCE, "gpus": [0, 1], "tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+ON_RAY["distributed_executor_backend"] = "ray"
+
+
+def test_an_instance_on_ray_joins_its_cluster_not_loopback() -> None:
+    # The unit is loopback-only, yet an instance spanning a Ray cluster needs its GCS (RAY_ADDRESS: the unit's
+    # private /tmp hides the address Ray would look up), its own cluster address (vLLM refuses a driver address
+    # that no node has) and the cluster's interface, which vLLM copies to every Ray worker in NCCL_*.
+    env = _env(
+        render(
+            ENV_TEMPLATE,
+            vllm_service_instances=[ON_RAY],
+            vllm_service_instance=FIRST,
+            vllm_service_ip_address_allow=["localhost"],
+            ray_cluster_client=RAY_CLIENT,
+        )
+    )
+    assert {
+        key: env.get(key)
+        for key in ("RAY_ADDRESS", "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE")
+    } == {
+        "RAY_ADDRESS": "10.254.0.1:6379",
+        "VLLM_HOST_IP": "10.254.0.1",
+        "NCCL_SOCKET_IFNAME": "eth1",
+        "GLOO_SOCKET_IFNAME": "eth1",
+        "NCCL_IB_DISABLE": None,
+    }
+    no_ifname = _env(
+        render(
+            ENV_TEMPLATE,
+            vllm_service_instances=[ON_RAY],
+            vllm_service_instance=FIRST,
+            vllm_service_ip_address_allow=["localhost"],
+            ray_cluster_client={**RAY_CLIENT, "socket_ifname": ""},
+        )
+    )
+    assert "NCCL_SOCKET_IFNAME" not in no_ifname and no_ifname["RAY_ADDRESS"] == "10.254.0.1:6379"
+
+
+def test_an_instance_on_ray_may_reach_the_clusters_members_and_the_others_only_loopback() -> None:
+    dropin = ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.d" / "gpufleet.conf.j2"
+    facts = {"memtotal_mb": 24000}
+    on_ray = render(
+        dropin,
+        vllm_service_instances=[ON_RAY],
+        vllm_service_instance=FIRST,
+        ansible_facts=facts,
+        ray_cluster_client=RAY_CLIENT,
+    ).splitlines()
+    assert [line for line in on_ray if line.startswith("IPAddress")] == ["IPAddressAllow=localhost 10.254.0.0/30"]
+    single = render(dropin, vllm_service_instances=[INSTANCE], vllm_service_instance=FIRST, ansible_facts=facts)
+    assert "IPAddress" not in single
+
+
 def test_instance_memory_limit_is_its_share_of_the_node_unless_overridden() -> None:
     dropin = ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.d" / "gpufleet.conf.j2"
     # 2 instances on a node of 24000 MiB: 0.9 x 24000 / 2 = 10800 MiB each, throttled from 90 % of it.
