@@ -53,6 +53,7 @@ def test_the_first_two_hosts_form_the_ray_group_with_their_link_addresses(tmp_pa
     hostvars = parsed["_meta"]["hostvars"]
     assert hostvars["lab-2"]["gpufleet_lab_cluster_address"] == "10.254.0.2"
     assert hostvars["lab-1"]["ray_cluster_networks"] == ["10.254.0.0/30"]
+    assert hostvars["lab-1"]["ray_cluster_socket_ifname"] == network.CLUSTER_IFNAME
     assert "ray_cluster_head" not in hostvars["lab-3"] and "gpufleet_lab_cluster_address" not in hostvars["lab-3"]
     # Formed on demand (-e ray_cluster_group=ray_cluster_lab): the suite's other tests run without Ray.
     assert "ray_cluster_group" not in hostvars["lab-1"]
