@@ -78,9 +78,10 @@ def members(inventory: Path) -> dict[str, str]:
     return {name: hosts[name]["gpufleet_lab_cluster_address"] for name in document[GROUP]["hosts"]}
 
 
-def playbook(inventory: Path) -> subprocess.CompletedProcess[str]:
+def playbook(inventory: Path, path: str = "playbooks/ray_cluster.yml") -> subprocess.CompletedProcess[str]:
+    """A playbook run on the lab with the cluster declared."""
     return subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/ray_cluster.yml", "-e", ON],
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), path, "-e", ON],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
@@ -206,14 +207,7 @@ def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path
     }
     # An instance on Ray as the role writes it, on the head: its unit joins the cluster (a probe in vLLM's place
     # lists both members), then vLLM itself, asked to serve the tiny model across them, says it cannot.
-    written = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(lab_inventory), "tests/integration/vllm_ray_instance.yml", "-e", ON],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        timeout=600,
-        check=False,
-    )
+    written = playbook(lab_inventory, "tests/integration/vllm_ray_instance.yml")
     assert written.returncode == 0, written.stdout[-4000:]
     script = base64.b64encode(PROBE.encode()).decode()
     shell(ansible, head, f"echo {script} | base64 -d > {PROBE_FILE} && chmod 0644 {PROBE_FILE}")
