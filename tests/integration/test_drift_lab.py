@@ -16,16 +16,13 @@ The serve and proxy layers start vLLM and nginx, which other tests own; they are
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_drift_support import (
-    BIN,
     LAYERS,
     PROJECT_ROOT,
     assert_unchanged,
@@ -35,6 +32,7 @@ from test_drift_support import (
     gpufleet,
     last_report,
     manifest,
+    run_playbooks,
 )
 from test_driver_support import boot_id, sh
 
@@ -249,24 +247,7 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
         "systemctl is-active vllm@main vllm@greedy; curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health"
     )
     if sh(inventory, tampered, serving_now)[1].split() != ["active", "active", "200"]:
-        result = subprocess.run(
-            [
-                str(BIN / "ansible-playbook"),
-                "-i",
-                str(inventory),
-                "--limit",
-                tampered,
-                "playbooks/serve.yml",
-                "playbooks/proxy.yml",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=PROJECT_ROOT,
-            timeout=1800,
-            check=False,
-            env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
-        )
-        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+        run_playbooks(inventory, tampered, ["serve", "proxy"])
     other_before = manifest(inventory, untouched)
     booted = boot_id(inventory, tampered)
     # When the venv in service was created (its pyvenv.cfg is written once, by `python -m venv`; not its

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from test_driver_support import publish_standins, sh
@@ -74,12 +75,18 @@ def converge(inventory: Path, limit: str) -> None:
     if (str(inventory), limit) in _CONVERGED or drift_is_clean(inventory, limit, LAYERS):
         _CONVERGED.add((str(inventory), limit))
         return
+    run_playbooks(inventory, limit, CONVERGE_PLAYBOOKS)
+    _CONVERGED.add((str(inventory), limit))
+
+
+def run_playbooks(inventory: Path, limit: str, names: Sequence[str]) -> None:
+    """Runs the project's playbooks (playbooks/<name>.yml) on the hosts in one ansible-playbook run."""
     with tempfile.TemporaryDirectory(prefix="gpufleet-converge-") as directory:
         book = Path(directory) / "converge.yml"
         book.write_text(
             "".join(
                 f"- name: Converge {name}\n  ansible.builtin.import_playbook: {PROJECT_ROOT / 'playbooks' / name}.yml\n"
-                for name in CONVERGE_PLAYBOOKS
+                for name in names
             )
         )
         result = subprocess.run(
@@ -91,8 +98,9 @@ def converge(inventory: Path, limit: str) -> None:
             check=False,
             env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
         )
-    assert result.returncode == 0, f"converging {limit} failed:\n{result.stdout[-6000:]}{result.stderr[-2000:]}"
-    _CONVERGED.add((str(inventory), limit))
+    assert result.returncode == 0, (
+        f"running {', '.join(names)} on {limit} failed:\n{result.stdout[-6000:]}{result.stderr[-2000:]}"
+    )
 
 
 def gpufleet(runs: Path, *arguments: str, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
