@@ -16,10 +16,10 @@ import yaml
 from gpufleet import PROJECT_ROOT
 from gpufleet.cli import main as gpufleet_main
 from gpufleet.errors import GpufleetError
+from gpufleet.lab.config import load_config
 from gpufleet.progress import add_verbose_flag, progress_options
 from gpufleet.runner import format_summary, run_playbook
 
-LAB_INVENTORY = PROJECT_ROOT / "inventories" / "lab" / "hosts.yml"
 LAB_SERVE_VARS = PROJECT_ROOT / "inventories" / "lab" / "group_vars" / "all" / "serve.yml"
 DEMO_PROMPT = "A GPU fleet is"
 
@@ -37,8 +37,13 @@ def lab_cache() -> Path:
     return Path(os.environ.get("GPUFLEET_CACHE") or "/var/cache/gpufleet")
 
 
+def lab_inventory() -> Path:
+    """The inventory `gpufleet lab up` wrote: GPUFLEET_LAB_INVENTORY's, or the lab's default."""
+    return load_config().inventory_path
+
+
 def first_host_address() -> str:
-    inventory = yaml.safe_load(LAB_INVENTORY.read_text())
+    inventory = yaml.safe_load(lab_inventory().read_text())
     hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
     return str(hosts[sorted(hosts)[0]]["ansible_host"])
 
@@ -71,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if rc != 0:
         return rc
     for playbook in ("lab_mirror.yml", "site.yml"):
-        result = run_playbook(playbook, LAB_INVENTORY, **progress_options(args.verbose))
+        result = run_playbook(playbook, lab_inventory(), **progress_options(args.verbose))
         if result.rc != 0:
             print(format_summary(result))
             return 1
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  completion: {answer['choices'][0]['text']!r}  (random weights: the words mean nothing)")
     print(f"  usage:      {answer.get('usage')}")
     print()
-    print(f"The lab is running: `gpufleet lab status` lists its hosts; inventory {LAB_INVENTORY}.")
+    print(f"The lab is running: `gpufleet lab status` lists its hosts; inventory {lab_inventory()}.")
     print(f"CA {lab_cache() / 'lab-tls' / 'ca.crt'}, API key in {lab_cache() / 'lab-secrets' / 'proxy-api-key'}.")
     print("End it with `gpufleet lab down`.")
     return 0
