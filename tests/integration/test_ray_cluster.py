@@ -155,7 +155,10 @@ def remove_cluster(ansible: AnsibleRunner) -> None:
         f"/var/lib/gpufleet/vllm/across.* {PROBE_FILE}; "
         "systemctl disable --now ray-head.service ray-worker.service 2>/dev/null; "
         "rm -f /etc/systemd/system/ray-head.service /etc/systemd/system/ray-worker.service; "
-        "systemctl daemon-reload; rm -rf /var/lib/vllm/ray",
+        # A worker stopped while the head stops too exits 1 (its drain finds no GCS): the unit ends failed and
+        # would leave the host degraded for the tests after this one.
+        "systemctl daemon-reload; systemctl reset-failed ray-head.service ray-worker.service 2>/dev/null; "
+        "rm -rf /var/lib/vllm/ray",
     )
 
 

@@ -200,7 +200,7 @@ def test_an_instance_on_ray_joins_its_cluster_not_loopback() -> None:
     assert "NCCL_SOCKET_IFNAME" not in no_ifname and no_ifname["RAY_ADDRESS"] == "10.254.0.1:6379"
 
 
-def test_an_instance_on_ray_may_reach_the_clusters_members_and_the_others_only_loopback() -> None:
+def test_an_instance_on_ray_may_reach_the_clusters_members_and_see_its_raylet() -> None:
     dropin = ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.d" / "gpufleet.conf.j2"
     facts = {"memtotal_mb": 24000}
     on_ray = render(
@@ -211,8 +211,10 @@ def test_an_instance_on_ray_may_reach_the_clusters_members_and_the_others_only_l
         ray_cluster_client=RAY_CLIENT,
     ).splitlines()
     assert [line for line in on_ray if line.startswith("IPAddress")] == ["IPAddressAllow=localhost 10.254.0.0/30"]
+    # Ray's driver looks for its member's raylet among the node's processes.
+    assert "ProtectProc=default" in on_ray
     single = render(dropin, vllm_service_instances=[INSTANCE], vllm_service_instance=FIRST, ansible_facts=facts)
-    assert "IPAddress" not in single
+    assert "IPAddress" not in single and "ProtectProc" not in single
 
 
 def test_instance_memory_limit_is_its_share_of_the_node_unless_overridden() -> None:
