@@ -40,7 +40,8 @@ LAB_VARS = PROJECT_ROOT / "inventories" / "lab" / "group_vars" / "all"
 NEWER_DRIVER = "580.159.04"
 # `gpufleet upgrade`'s line per node, and playbooks/upgrade.yml's report (run directly).
 CLI_NODE_LINE = re.compile(r"^upgrade: (\S+): upgraded \(layers [^)]*, ([0-9.]+) s\)", re.M)
-PLAYBOOK_NODE_LINE = re.compile(r"(?:^|\s)(\S+): upgraded \(([0-9.]+) s\)")
+# In the report a node's outcome may follow the previous node's ';' with no space between.
+PLAYBOOK_NODE_LINE = re.compile(r"([\w.-]+): upgraded \(([0-9.]+) s\)")
 
 
 class Client(threading.Thread):
