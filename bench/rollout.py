@@ -36,8 +36,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 CACHE = Path(os.environ.get("GPUFLEET_CACHE") or "/var/cache/gpufleet")
 LAB_VARS = PROJECT_ROOT / "inventories" / "lab" / "group_vars" / "all"
-# A newer R580 stand-in than the lab stack's driver (lab/runfiles/build.py).
-NEWER_DRIVER = "580.159.04"
+DRIVER_RUNFILE = re.compile(r"^NVIDIA-Linux-x86_64-([0-9.]+)\.run$")
 # `gpufleet upgrade`'s line per node, and playbooks/upgrade.yml's report (run directly).
 CLI_NODE_LINE = re.compile(r"^upgrade: (\S+): upgraded \(layers [^)]*, ([0-9.]+) s\)", re.M)
 # In the report a node's outcome may follow the previous node's ';' with no space between.
@@ -142,6 +141,20 @@ def upgrade_playbook(inventory: Path, hosts: list[str], runs: Path, extra: dict)
     return lambda: run(command, runs)
 
 
+def newest_standin_driver() -> str:
+    """Publishes the lab's stand-in runfiles (lab/runfiles/build.py, which names the lab's drivers) and returns the
+    newest driver among them, the one the driver rollout moves to."""
+    built = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "lab" / "runfiles" / "build.py"), "--publish", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    names = [item["name"] for item in json.loads(built.stdout.split("published in")[0])]
+    versions = [match.group(1) for match in map(DRIVER_RUNFILE.match, names) if match]
+    return max(versions, key=lambda version: tuple(int(part) for part in version.split(".")))
+
+
 def with_host_vars(directory: Path, hosts: list[str], values: dict, body: Callable[[], None]) -> None:
     written = [directory / f"{host}.yml" for host in hosts]
     try:
@@ -172,16 +185,14 @@ def main() -> int:
     changes = args.changes.split(",")
     try:
         if "driver" in changes:
-            subprocess.run(
-                [sys.executable, str(PROJECT_ROOT / "lab" / "runfiles" / "build.py"), "--publish"], check=True
-            )
-            newer = {"gpufleet_stack": {**stack, "driver": NEWER_DRIVER}}
+            newest = newest_standin_driver()
+            newer = {"gpufleet_stack": {**stack, "driver": newest}}
             with_host_vars(
                 host_vars,
                 hosts,
                 newer,
                 lambda: measured(
-                    f"driver {stack['driver']} -> {NEWER_DRIVER}",
+                    f"driver {stack['driver']} -> {newest}",
                     upgrade_cli(inventory, hosts, runs),
                     CLI_NODE_LINE,
                     addresses,
@@ -194,7 +205,7 @@ def main() -> int:
                 hosts,
                 {"nvidia_driver_allow_downgrade": True},
                 lambda: measured(
-                    f"driver {NEWER_DRIVER} -> {stack['driver']} (taken back)",
+                    f"driver {newest} -> {stack['driver']} (taken back)",
                     upgrade_cli(inventory, hosts, runs),
                     CLI_NODE_LINE,
                     addresses,

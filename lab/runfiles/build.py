@@ -47,7 +47,7 @@ SUMS_JSON = "sha256.json"
 # NVML nvmlSystemGetCudaDriverVersion): R570 runs CUDA 12.8, R580 runs CUDA 13.0 (NVIDIA CUDA Toolkit release
 # notes, table of toolkit and minimum driver versions: 12.8 GA ships 570.86.10, 13.0 GA ships 580.65.06).
 # 580.159.04 is the real H200 machine's driver (tests/fixtures/h200-real: NVML reports CUDA driver 13000), a
-# newer R580 than the lab stack's for driver upgrades (test_rollout rolls one back).
+# newer R580 than the lab stack's, the newest here: driver upgrades move to it (test_rollout, bench/rollout.py).
 DRIVERS = {"570.124.06": 12080, "580.95.05": 13000, "580.159.04": 13000}
 # Toolkit versions of the lab and the driver NVIDIA bundles with each (the runfile's name),
 # from ../shared/data/compat/cuda_driver.csv.

@@ -26,8 +26,6 @@ pytestmark = pytest.mark.lab
 
 LAB_VARS = Path(__file__).resolve().parents[2] / "inventories" / "lab" / "group_vars" / "all"
 SERVE_VARS = LAB_VARS / "serve.yml"
-# The driver an upgrade moves the failing node to: a newer R580 stand-in than the lab stack's.
-NEWER_DRIVER = "580.159.04"
 DRIVER = (
     "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u; "
     'python3 -c \'import json; print(json.load(open("/var/lib/gpufleet/nvidia-driver.json"))["version"])\''
@@ -85,7 +83,16 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
     stack = yaml.safe_load((LAB_VARS / "stack.yml").read_text())["gpufleet_stack"]
     assert state(inventory, failing, DRIVER).split() == [stack["driver"]] * 2
     booted = boot_id(inventory, failing)
-    publish_standins()
+    # The driver the failing node is upgraded to: the newest of the lab's stand-ins (lab/runfiles/build.py).
+    newer_driver = max(
+        (
+            name.removeprefix("NVIDIA-Linux-x86_64-").removesuffix(".run")
+            for name in publish_standins()
+            if name.startswith("NVIDIA-Linux-x86_64-")
+        ),
+        key=lambda version: tuple(int(part) for part in version.split(".")),
+    )
+    assert newer_driver != stack["driver"]
     # The change: a newer driver (installed, and rebooted into), and an option vLLM refuses, so each instance
     # exits at start and never passes /health; a short gate so the test does not wait the lab's ten minutes, and a
     # restart delay longer than the gate, so the rollback finds the instance in its crash loop's auto-restart
@@ -94,7 +101,7 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
     (host_vars / f"{failing}.yml").write_text(
         yaml.safe_dump(
             {
-                "gpufleet_stack": {**stack, "driver": NEWER_DRIVER},
+                "gpufleet_stack": {**stack, "driver": newer_driver},
                 "vllm_service_instance_defaults": {**defaults, "extra_args": ["--gpufleet-no-such-option"]},
                 "vllm_service_health_timeout": 45,
                 "vllm_service_restart_sec": 60,
