@@ -127,15 +127,21 @@ def _env(text: str) -> dict[str, str]:
     }
 
 
-def test_collectives_stay_on_loopback_when_only_loopback_is_allowed() -> None:
-    env = _env(
+def instance_env(instance: dict, allow: list[str], **extra: object) -> dict[str, str]:
+    """The environment file of one instance under the given address allow-list, as a mapping."""
+    return _env(
         render(
             ENV_TEMPLATE,
-            vllm_service_instances=[INSTANCE],
+            vllm_service_instances=[instance],
             vllm_service_instance=FIRST,
-            vllm_service_ip_address_allow=["localhost"],
+            vllm_service_ip_address_allow=allow,
+            **extra,
         )
     )
+
+
+def test_collectives_stay_on_loopback_when_only_loopback_is_allowed() -> None:
+    env = instance_env(INSTANCE, ["localhost"])
     assert {
         key: env.get(key) for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "VLLM_HOST_IP")
     } == {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "VLLM_HOST_IP": "127.0.0.1"}
@@ -143,14 +149,7 @@ def test_collectives_stay_on_loopback_when_only_loopback_is_allowed() -> None:
 
 @pytest.mark.parametrize("allow", [[], ["localhost", "10.0.0.0/8"]], ids=["all-allowed", "a-real-network"])
 def test_collectives_keep_their_interface_when_the_network_is_allowed(allow: list[str]) -> None:
-    env = _env(
-        render(
-            ENV_TEMPLATE,
-            vllm_service_instances=[INSTANCE],
-            vllm_service_instance=FIRST,
-            vllm_service_ip_address_allow=allow,
-        )
-    )
+    env = instance_env(INSTANCE, allow)
     assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
 
 
@@ -169,15 +168,7 @@ def test_an_instance_on_ray_joins_its_cluster_not_loopback() -> None:
     # The unit is loopback-only, yet an instance spanning a Ray cluster needs its GCS (RAY_ADDRESS: the unit's
     # private /tmp hides the address Ray would look up), its own cluster address (vLLM refuses a driver address
     # that no node has) and the cluster's interface, which vLLM copies to every Ray worker in NCCL_*.
-    env = _env(
-        render(
-            ENV_TEMPLATE,
-            vllm_service_instances=[ON_RAY],
-            vllm_service_instance=FIRST,
-            vllm_service_ip_address_allow=["localhost"],
-            ray_cluster_client=RAY_CLIENT,
-        )
-    )
+    env = instance_env(ON_RAY, ["localhost"], ray_cluster_client=RAY_CLIENT)
     assert {
         key: env.get(key)
         for key in ("RAY_ADDRESS", "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE")
@@ -188,15 +179,7 @@ def test_an_instance_on_ray_joins_its_cluster_not_loopback() -> None:
         "GLOO_SOCKET_IFNAME": "eth1",
         "NCCL_IB_DISABLE": None,
     }
-    no_ifname = _env(
-        render(
-            ENV_TEMPLATE,
-            vllm_service_instances=[ON_RAY],
-            vllm_service_instance=FIRST,
-            vllm_service_ip_address_allow=["localhost"],
-            ray_cluster_client={**RAY_CLIENT, "socket_ifname": ""},
-        )
-    )
+    no_ifname = instance_env(ON_RAY, ["localhost"], ray_cluster_client={**RAY_CLIENT, "socket_ifname": ""})
     assert "NCCL_SOCKET_IFNAME" not in no_ifname and no_ifname["RAY_ADDRESS"] == "10.254.0.1:6379"
 
 
