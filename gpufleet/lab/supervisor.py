@@ -8,6 +8,7 @@ and so does SIGTERM (sent by `gpufleet lab down`), which is passed on to nspawn 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from gpufleet.lab import cgroups
 from gpufleet.lab.procs import write_pid_file
 
 REBOOT_EXIT_STATUS = 133
@@ -61,12 +63,15 @@ def nspawn_command(name: str, rootfs: Path, netns_path: str) -> list[str]:
 
 
 class Supervisor:
-    """Runs nspawn in a loop; a small state machine driven by nspawn's exit status and SIGTERM."""
+    """Runs nspawn in a loop; a small state machine driven by nspawn's exit status and SIGTERM.
 
-    def __init__(self, name: str, host_dir: Path, command: list[str]) -> None:
+    With a cgroup (cgroups.host_cgroup), nspawn runs in it, apart from every other host's nspawn."""
+
+    def __init__(self, name: str, host_dir: Path, command: list[str], cgroup: Path | None = None) -> None:
         self.name = name
         self.paths = host_paths(host_dir)
         self.command = command
+        self.cgroup = cgroup
         self.stopping = False
         self.child: subprocess.Popen[bytes] | None = None
 
@@ -81,6 +86,8 @@ class Supervisor:
 
     def run_once(self) -> int:
         """Boots the host once and returns nspawn's exit status."""
+        if self.cgroup is not None:
+            self.cgroup.mkdir(exist_ok=True)
         with self.paths["console_log"].open("ab") as console:
             self.child = subprocess.Popen(
                 self.command,
@@ -88,9 +95,11 @@ class Supervisor:
                 stdout=console,
                 stderr=console,
                 env={**os.environ, **NSPAWN_ENVIRONMENT},
+                # Moved before nspawn runs: nspawn reads its own cgroup at start.
+                preexec_fn=None if self.cgroup is None else functools.partial(cgroups.enter, self.cgroup),
             )
         write_pid_file(self.paths["nspawn_pid"], self.child.pid)
-        self.log(f"started systemd-nspawn pid {self.child.pid}")
+        self.log(f"started systemd-nspawn pid {self.child.pid}" + (f" in {self.cgroup}" if self.cgroup else ""))
         return self.wait_child()
 
     def wait_child(self) -> int:
@@ -113,6 +122,13 @@ class Supervisor:
         write_pid_file(self.paths["supervisor_pid"], os.getpid())
         signal.signal(signal.SIGTERM, self.on_stop_signal)
         signal.signal(signal.SIGINT, self.on_stop_signal)
+        try:
+            return self.boot_until_stopped()
+        finally:
+            if self.cgroup is not None:
+                cgroups.remove(self.cgroup)
+
+    def boot_until_stopped(self) -> int:
         quick_reboots = 0
         while True:
             started = time.monotonic()
@@ -136,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--netns", required=True, help="path of the network namespace, /run/netns/NAME")
     args = parser.parse_args(argv)
     command = nspawn_command(args.name, args.host_dir / "rootfs", args.netns)
-    return Supervisor(args.name, args.host_dir, command).run()
+    return Supervisor(args.name, args.host_dir, command, cgroups.host_cgroup(args.name)).run()
 
 
 if __name__ == "__main__":

@@ -50,6 +50,17 @@ def test_systemd_is_running_on_every_host(ansible: AnsibleRunner, lab_hosts: dic
     assert {host: r["stdout"] for host, r in results.items()} == {host: "running" for host in lab_hosts}
 
 
+def test_no_host_sees_another_hosts_processes_in_its_cgroups(
+    ansible: AnsibleRunner, lab_hosts: dict[str, dict]
+) -> None:
+    """Each host's nspawn runs in a cgroup of its own (gpufleet/lab/cgroups.py). While every nspawn shared one, the
+    hosts' systemd managers shared one tree of unit cgroups: another host's processes show in a cgroup.procs as pid 0
+    (outside this host's PID namespace), on every host in init.scope, journald and sshd, and a stop of vllm@main on
+    Debian 13 waited for another host's vllm@main ("Processes still around after final SIGKILL")."""
+    results = ansible("gpu_nodes", "ansible.builtin.shell", "grep -rlx 0 /sys/fs/cgroup --include=cgroup.procs || true")
+    assert {host: r["stdout"] for host, r in results.items()} == {host: "" for host in lab_hosts}
+
+
 def test_lab_status_reports_every_host_up(lab_hosts: dict[str, dict]) -> None:
     result = gpufleet("lab", "status")
     assert result.returncode == 0, result.stdout + result.stderr
