@@ -52,8 +52,17 @@ UNIT_RSS_KIB = (
     "cg=$(systemctl show -P ControlGroup {unit}); "
     "ps -o rss= -p \"$(paste -sd, /sys/fs/cgroup$cg/cgroup.procs)\" | awk '{{s += $1}} END {{print s}}'"
 )
-# The instance on Ray that vllm_ray_instance.yml writes on the head, and a probe its unit runs first in place of
-# vLLM: under the unit's own environment and sandbox, a Ray driver joins the cluster and lists the members alive.
+# An instance on Ray (pipeline parallel 2 over the cluster), written on the head by vllm_instance.yml as role
+# vllm_service writes one, and a probe its unit runs first in place of vLLM: under the unit's own environment and
+# sandbox, a Ray driver joins the cluster and lists the members alive.
+ACROSS_INSTANCE = {
+    "name": "across",
+    "model": "/var/lib/gpufleet/models/tiny-qwen2",
+    "port": 8097,
+    "pipeline_parallel_size": 2,
+    "distributed_executor_backend": "ray",
+}
+WRITE_ACROSS = json.dumps({"vllm_instance_hosts": f"{GROUP}[0]", "vllm_service_instances": [ACROSS_INSTANCE]})
 ACROSS = "vllm@across.service"
 PROBE_FILE = "/var/lib/vllm/gpufleet-ray-probe.py"
 PROBE = """
@@ -78,10 +87,20 @@ def members(inventory: Path) -> dict[str, str]:
     return {name: hosts[name]["gpufleet_lab_cluster_address"] for name in document[GROUP]["hosts"]}
 
 
-def playbook(inventory: Path, path: str = "playbooks/ray_cluster.yml") -> subprocess.CompletedProcess[str]:
-    """A playbook run on the lab with the cluster declared."""
+def playbook(
+    inventory: Path, path: str = "playbooks/ray_cluster.yml", *extra_vars: str
+) -> subprocess.CompletedProcess[str]:
+    """A playbook run on the lab with the cluster declared (and any further extra vars, each a JSON document)."""
     return subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), path, "-e", ON],
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            path,
+            "-e",
+            ON,
+            *[arg for v in extra_vars for arg in ("-e", v)],
+        ],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
@@ -210,7 +229,7 @@ def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path
     }
     # An instance on Ray as the role writes it, on the head: its unit joins the cluster (a probe in vLLM's place
     # lists both members), then vLLM itself, asked to serve the tiny model across them, says it cannot.
-    written = playbook(lab_inventory, "tests/integration/vllm_ray_instance.yml")
+    written = playbook(lab_inventory, "tests/integration/vllm_instance.yml", WRITE_ACROSS)
     assert written.returncode == 0, written.stdout[-4000:]
     script = base64.b64encode(PROBE.encode()).decode()
     shell(ansible, head, f"echo {script} | base64 -d > {PROBE_FILE} && chmod 0644 {PROBE_FILE}")
