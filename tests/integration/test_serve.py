@@ -518,6 +518,78 @@ echo "vllm@greedy did not answer /health again"; exit 1
     assert int(seen["stop_seconds"]) < 60, result
 
 
+# An instance with tensor parallel 2 ("GPUs" 0 and 1), written by the role on the first host beside the lab's two
+# (tests/integration/vllm_instance.yml): vLLM's CPU build runs one worker process per rank, and the ranks exchange
+# tensors over gloo and shared memory, inside the unit's sandbox. Its address allow-list is loopback only, so the
+# role points gloo and NCCL at lo; every connection of the unit's processes must stay there. The same command line
+# and environment serve a real 2-GPU machine over NCCL (issue 18), which the lab cannot show.
+TENSOR_PARALLEL = {
+    "name": "tp2",
+    "model": "/var/lib/gpufleet/models/tiny-qwen2",
+    "served_model_name": "tiny-tp2",
+    "port": 8002,
+    "gpus": [0, 1],
+    "tensor_parallel_size": 2,
+    # One core and 1 GiB of KV cache for each rank ('|' separates the ranks' bindings).
+    "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+}
+SERVE_TENSOR_PARALLEL = """set -u
+unit=vllm@{name}.service
+trap 'systemctl stop $unit; systemctl reset-failed $unit 2>/dev/null; rm -rf /etc/systemd/system/$unit.d \
+  /etc/vllm/{name}.env /var/lib/gpufleet/vllm/{name}.*; systemctl daemon-reload' EXIT
+started=$(date +%s)
+systemctl start --no-block $unit
+for _ in $(seq 300); do
+  curl -sf -o /dev/null http://127.0.0.1:{port}/health && break
+  systemctl is-failed -q $unit && break
+  sleep 2
+done
+echo "healthy_seconds $(( $(date +%s) - started ))"
+key=$(sed -n 's/^VLLM_API_KEY="\(.*\)"$/\1/p' /etc/vllm/{name}.env)
+echo "completion $(curl -s -m 60 -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+  http://127.0.0.1:{port}/v1/completions -d '{{"model": "{served}", "prompt": "hello", "max_tokens": 8}}')"
+procs=/sys/fs/cgroup$(systemctl show -P ControlGroup $unit)/cgroup.procs
+for pid in $(cat $procs); do echo "process $(tr '\0' ' ' < /proc/$pid/cmdline | cut -c1-80)"; done
+pids=$(paste -sd'|' $procs)
+ss -Htnp state established | grep -E "pid=($pids)," | awk '{{print "connection", $3, $4}}'
+echo "resident_mib $(( $(ps -o rss= -p "$(paste -sd, $procs)" | awk '{{s += $1}} END {{print s}}') / 1024 ))"
+stopped=$(date +%s)
+systemctl stop $unit
+echo "stop_seconds $(( $(date +%s) - stopped ))"
+systemctl show -p ActiveState -p Result $unit
+"""
+
+
+def test_tensor_parallel_2_serves_with_both_ranks_on_loopback(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    host = served_lab.first
+    run_playbooks(
+        served_lab.inventory,
+        [str(PROJECT_ROOT / "tests" / "integration" / "vllm_instance.yml")],
+        "-e",
+        json.dumps({"vllm_instance_hosts": host, "vllm_service_instances": [TENSOR_PARALLEL]}),
+    )
+    script = SERVE_TENSOR_PARALLEL.format(
+        name=TENSOR_PARALLEL["name"], port=TENSOR_PARALLEL["port"], served=TENSOR_PARALLEL["served_model_name"]
+    )
+    result = ansible(host, "ansible.builtin.shell", script, timeout=900)[host]["stdout"]
+    # "key value" lines, and systemctl's "Key=value".
+    lines = [match.groups() for match in re.finditer(r"^(\w+)[ =](.*)$", result, re.MULTILINE)]
+    seen = {key: value for key, value in lines if key not in ("process", "connection")}
+    print(
+        f"{host}: tensor parallel 2 healthy after {seen.get('healthy_seconds')} s, "
+        f"resident {seen.get('resident_mib')} MiB, stop {seen.get('stop_seconds')} s"
+    )
+    answer = json.loads(seen["completion"])
+    assert answer["choices"][0]["text"], answer
+    processes = [value for key, value in lines if key == "process"]
+    assert any("Worker_TP0" in p for p in processes) and any("Worker_TP1" in p for p in processes), processes
+    connections = [value.split() for key, value in lines if key == "connection"]
+    assert connections, f"no connection between the ranks was seen: {result}"
+    off_loopback = [c for c in connections if not all(end.startswith(("127.", "[::1]")) for end in c)]
+    assert not off_loopback, f"connections off loopback: {off_loopback}"
+    assert (seen["ActiveState"], seen["Result"]) == ("inactive", "success"), result
+
+
 def test_rerun_changes_nothing_and_restarts_nothing(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
     before = all_unit_states(ansible, served_lab)
     rerun = run_playbooks(served_lab.inventory, SERVE_PLAYBOOKS)
