@@ -7,14 +7,17 @@
 #      packed as a tarball and staged by the model_store role (playbooks/model.yml, run twice: the second
 #      run must change nothing);
 #   3. the vllm_service role's own templates (unit, instance drop-in, env file) rendered with the role's
-#      defaults and vars for one GPU instance, into OUTDIR instead of /etc;
+#      defaults and vars for one instance on the GPUs of GPUS (tensor parallel over them), into OUTDIR
+#      instead of /etc;
 #   4. vLLM started with exactly the drop-in's ExecStart= and the env file's variables (env -i, as systemd
 #      would), then openai_probe's health wait (time to healthy), torch_stack_info on the venv, the role's
 #      warm-up classes twice (first vs steady state) and the GPU's memory after warm-up (nvidia_gpu_info,
 #      nvidia-smi), and the raw answers of /v1/models and /v1/completions for the unit tests.
 # The instance declares one environment variable, PATH (below: the role's env file sets none). It writes only
 # under a temporary directory and OUTDIR, and stops vLLM at the end.
-#   usage: scripts/verify-local-vllm.sh WHEELHOUSE OUTDIR [BASE_PYTHON]
+#   usage: [GPUS=0,1] scripts/verify-local-vllm.sh WHEELHOUSE OUTDIR [BASE_PYTHON]
+# GPUS (default 0): the instance's GPU indexes; with more than one, tensor_parallel_size is their count and NCCL
+# logs its set-up (NCCL_DEBUG=INFO: the interface its bootstrap and socket transport use, the P2P paths).
 # WHEELHOUSE holds the wheels of tests/fixtures/h200-real/vllm_wheelhouse.txt that BASE_PYTHON lacks
 # (pip download --no-deps --only-binary=:all: for its Python and platform); BASE_PYTHON holds torch.
 set -uo pipefail
@@ -25,7 +28,10 @@ cd "$(dirname "$0")/.."
 repo="$PWD"
 mkdir -p "$outdir"
 work="$(mktemp -d)"
-venv="$work/venv" models="$work/models" home="$work/home" port=8000 instance=gpu0
+venv="$work/venv" models="$work/models" home="$work/home" port=8000
+gpus="${GPUS:-0}"
+gpu_count="$(tr ',' '\n' <<<"$gpus" | grep -c .)"
+instance="gpu${gpus//,/-}"
 export ANSIBLE_CONFIG="$repo/ansible.cfg" LC_ALL=C.UTF-8
 # One JSON document per task result, so the files can be compared and kept as fixtures.
 export ANSIBLE_STDOUT_CALLBACK=minimal ANSIBLE_CALLBACK_RESULT_FORMAT=json ANSIBLE_LOAD_CALLBACK_PLUGINS=1
@@ -126,7 +132,7 @@ model_playbook=(ansible-playbook -i "$work/hosts.yml" -e "@$work/model-vars.json
 run model-stage "${model_playbook[@]}" || exit 1
 run model-stage-rerun "${model_playbook[@]}" || exit 1
 
-# --- 3. the role's templates, rendered for one GPU instance ----------------------------------------------
+# --- 3. the role's templates, rendered for one instance on GPUS ------------------------------------------
 api_key="$("$python" -c 'import secrets; print(secrets.token_hex(16))')"
 # systemd's default PATH lacks the venv's bin (and here the base's, which the venv is layered on), where
 # flashinfer's JIT build of vLLM's sampler finds ninja; the role's env file sets no PATH, so without this the
@@ -137,11 +143,14 @@ instance_env="{\"PATH\": \"$venv/bin:$base_bin:/usr/local/sbin:/usr/local/bin:/u
 if ! ldconfig -p | grep -q 'libcuda\.so\.1 ' && [ -n "${LD_LIBRARY_PATH:-}" ]; then
   instance_env="${instance_env%\}}, \"LD_LIBRARY_PATH\": \"$LD_LIBRARY_PATH\"}"
 fi
+if [ "$gpu_count" -gt 1 ]; then
+  instance_env="${instance_env%\}}, \"NCCL_DEBUG\": \"INFO\", \"NCCL_DEBUG_SUBSYS\": \"INIT,NET\"}"
+fi
 cat >"$work/serve-vars.json" <<VARS
 {"vllm_service_venv": "$venv", "vllm_service_api_key": "$api_key", "vllm_service_home": "$home",
  "vllm_service_config_dir": "$outdir/rendered", "vllm_service_prune": false,
  "vllm_service_instances": [{"name": "$instance", "model": "$models/tiny-qwen2-gpu", "port": $port,
-                             "gpus": [0], "env": $instance_env}]}
+                             "gpus": [$gpus], "tensor_parallel_size": $gpu_count, "env": $instance_env}]}
 VARS
 cat >"$work/render.yml" <<PLAY
 # The role's own template tasks' sources, defaults and vars; only the destinations differ (OUTDIR, not /etc).
@@ -254,7 +263,7 @@ curl -sS -o /dev/null -w '%{http_code}\n' "http://127.0.0.1:$port/v1/models" >"$
 curl -sS "http://127.0.0.1:$port/metrics" | grep -E '^vllm:(kv_cache_usage_perc|num_requests|prompt_tokens_total|generation_tokens_total)' >"$outdir/metrics.txt"
 stop_vllm
 echo "=== vLLM stopped; its log: $outdir/vllm.log"
-grep -E 'non-default args|Available KV cache memory|GPU KV cache size|Maximum concurrency|init engine|Model loading took|torch.compile takes|Graph capturing finished|Using .* backend' "$outdir/vllm.log"
+grep -E 'non-default args|Available KV cache memory|GPU KV cache size|Maximum concurrency|init engine|Model loading took|torch.compile takes|Graph capturing finished|Using .* backend|NCCL INFO (Bootstrap|NET/Socket|Using network)' "$outdir/vllm.log"
 
 # The figures: time to healthy, first (warm-up) vs steady-state latency, tokens/s, GPU memory vs the share.
 "$python" - "$outdir" "$work/serve-vars.json" roles/vllm_service/defaults/main.yml <<'PY' | tee "$outdir/summary.json"
@@ -283,16 +292,22 @@ def classes(name):
 
 health = result("health")["health"]
 since_start = float(re.search(r"since_start_s=([0-9.]+)", (outdir / "health.txt").read_text()).group(1))
-memory_row = (outdir / "nvidia-smi-memory.txt").read_text().splitlines()[1]
-used, total = (int(field.split()[0]) for field in memory_row.split(",")[:2])
+# One row per GPU of the machine: the instance's are the first len(gpus) (vLLM sees them as 0..n-1).
+memory_rows = [row for row in (outdir / "nvidia-smi-memory.txt").read_text().splitlines()[1:] if "MiB" in row]
+used, total = zip(*([int(field.split()[0]) for field in row.split(",")[:2]] for row in memory_rows[:len(instance["gpus"])]))
 log = (outdir / "vllm.log").read_text(errors="replace")
 kv = re.search(r"Available KV cache memory: ([0-9.]+) GiB", log)
+# NCCL's set-up (NCCL_DEBUG=INFO with more than one GPU): the interfaces of its bootstrap and socket transport.
+nccl = sorted({line.split("NCCL INFO ", 1)[1].strip() for line in log.splitlines()
+               if re.search(r"NCCL INFO (Bootstrap|NET/Socket|NET/IB|Using network|NCCL_SOCKET_IFNAME)", line)})
 print(json.dumps({
     "model_stage_changed": [(outdir / f"{name}.txt").read_text().count('"changed": true')
                             for name in ("model-stage", "model-stage-rerun")],
     "time_to_healthy_s": since_start, "health_probe_waited_s": health["waited_s"],
     "warmup": classes("warmup"), "steady": classes("steady"),
-    "gpu_memory_used_mib": used, "gpu_memory_total_mib": total, "gpu_memory_used_share": round(used / total, 4),
-    "gpu_memory_utilization": share, "kv_cache_gib": float(kv.group(1)) if kv else None,
+    "gpus": instance["gpus"], "tensor_parallel_size": instance["tensor_parallel_size"],
+    "gpu_memory_used_mib": list(used), "gpu_memory_total_mib": list(total),
+    "gpu_memory_used_share": [round(u / t, 4) for u, t in zip(used, total)],
+    "gpu_memory_utilization": share, "kv_cache_gib": float(kv.group(1)) if kv else None, "nccl": nccl,
 }, indent=1))
 PY
