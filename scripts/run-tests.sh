@@ -15,12 +15,10 @@ export GPUFLEET_LAB_KEEP=1
 # Exported: molecule's create step (molecule/shared/create.yml) keeps the lab at this many hosts.
 export GPUFLEET_TEST_LAB_HOSTS="${GPUFLEET_TEST_LAB_HOSTS:-2}"
 LAB_HOSTS="$GPUFLEET_TEST_LAB_HOSTS"
-# The lab's releases, cycled over the hosts: GPUFLEET_TEST_LAB_OS=debian12,debian13 makes lab-2 Debian 13, where
-# the last-host tests run (test_driver, the fabric manager and reboot tests); each release's root file system is
-# built on the first run and cached. Debian 12 only until a mixed run has passed whole: the last (2026-12-05, cold)
-# failed test_lab_fleet's two systemd checks again, lab-2 degraded by two vllm@ units whose stop ended 'failed'
-# with "Processes still around after final SIGKILL" (issue 16).
-LAB_OS="${GPUFLEET_TEST_LAB_OS:-debian12}"
+# The lab's releases, cycled over the hosts: lab-1 Debian 12, lab-2 Debian 13, where the last-host tests run
+# (test_driver, the fabric manager and reboot tests); each release's root file system is built on the first run
+# and cached. GPUFLEET_TEST_LAB_OS=debian12 runs a Debian 12 lab only.
+LAB_OS="${GPUFLEET_TEST_LAB_OS:-debian12,debian13}"
 declare -a stage_names=() stage_seconds=() stage_results=()
 failed=0
 
