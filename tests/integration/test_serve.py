@@ -8,6 +8,7 @@ with a real Prometheus. Figures (exposure, restart times, warm-up latencies) are
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -545,6 +546,9 @@ for _ in $(seq 300); do
   sleep 2
 done
 echo "healthy_seconds $(( $(date +%s) - started ))"
+health=$(curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/health)
+echo "health $health"
+[ "$health" = 200 ] || {{ journalctl -u $unit -n 40 --no-pager -o cat | sed 's/^/journal /'; exit 0; }}
 key=$(sed -n 's/^VLLM_API_KEY="\(.*\)"$/\1/p' /etc/vllm/{name}.env)
 echo "completion $(curl -s -m 60 -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
   http://127.0.0.1:{port}/v1/completions -d '{{"model": "{served}", "prompt": "hello", "max_tokens": 8}}')"
@@ -558,6 +562,14 @@ systemctl stop $unit
 echo "stop_seconds $(( $(date +%s) - stopped ))"
 systemctl show -p ActiveState -p Result $unit
 """
+
+
+def on_loopback(endpoint: str) -> bool:
+    """An `ss` endpoint (127.0.0.1:29500, [::1]:80, [::ffff:127.0.0.1]:80) on a loopback address."""
+    # ss writes a socket bound to an interface as ADDRESS%IFNAME.
+    address = ipaddress.ip_address(endpoint.rsplit(":", 1)[0].strip("[]").split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 def test_tensor_parallel_2_serves_with_both_ranks_on_loopback(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
@@ -574,7 +586,8 @@ def test_tensor_parallel_2_serves_with_both_ranks_on_loopback(served_lab: Served
     result = ansible(host, "ansible.builtin.shell", script, timeout=900)[host]["stdout"]
     # "key value" lines, and systemctl's "Key=value".
     lines = [match.groups() for match in re.finditer(r"^(\w+)[ =](.*)$", result, re.MULTILINE)]
-    seen = {key: value for key, value in lines if key not in ("process", "connection")}
+    seen = {key: value for key, value in lines if key not in ("process", "connection", "journal")}
+    assert seen.get("health") == "200", f"vllm@tp2 did not become healthy:\n{result[-4000:]}"
     print(
         f"{host}: tensor parallel 2 healthy after {seen.get('healthy_seconds')} s, "
         f"resident {seen.get('resident_mib')} MiB, stop {seen.get('stop_seconds')} s"
@@ -585,7 +598,7 @@ def test_tensor_parallel_2_serves_with_both_ranks_on_loopback(served_lab: Served
     assert any("Worker_TP0" in p for p in processes) and any("Worker_TP1" in p for p in processes), processes
     connections = [value.split() for key, value in lines if key == "connection"]
     assert connections, f"no connection between the ranks was seen: {result}"
-    off_loopback = [c for c in connections if not all(end.startswith(("127.", "[::1]")) for end in c)]
+    off_loopback = [c for c in connections if not all(on_loopback(end) for end in c)]
     assert not off_loopback, f"connections off loopback: {off_loopback}"
     assert (seen["ActiveState"], seen["Result"]) == ("inactive", "success"), result
 
