@@ -534,10 +534,8 @@ TENSOR_PARALLEL = {
     # One core and 1 GiB of KV cache for each rank ('|' separates the ranks' bindings).
     "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
 }
-SERVE_TENSOR_PARALLEL = """set -u
+SERVE_TENSOR_PARALLEL = r"""set -u
 unit=vllm@{name}.service
-trap 'systemctl stop $unit; systemctl reset-failed $unit 2>/dev/null; rm -rf /etc/systemd/system/$unit.d \
-  /etc/vllm/{name}.env /var/lib/gpufleet/vllm/{name}.*; systemctl daemon-reload' EXIT
 started=$(date +%s)
 systemctl start --no-block $unit
 for _ in $(seq 300); do
@@ -562,6 +560,11 @@ systemctl stop $unit
 echo "stop_seconds $(( $(date +%s) - stopped ))"
 systemctl show -p ActiveState -p Result $unit
 """
+REMOVE_INSTANCE = (
+    "systemctl stop vllm@{name}.service; systemctl reset-failed vllm@{name}.service 2>/dev/null; "
+    "rm -rf /etc/systemd/system/vllm@{name}.service.d /etc/vllm/{name}.env /var/lib/gpufleet/vllm/{name}.*; "
+    "systemctl daemon-reload"
+)
 
 
 def on_loopback(endpoint: str) -> bool:
@@ -574,16 +577,21 @@ def on_loopback(endpoint: str) -> bool:
 
 def test_tensor_parallel_2_serves_with_both_ranks_on_loopback(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
     host = served_lab.first
-    run_playbooks(
-        served_lab.inventory,
-        [str(PROJECT_ROOT / "tests" / "integration" / "vllm_instance.yml")],
-        "-e",
-        json.dumps({"vllm_instance_hosts": host, "vllm_service_instances": [TENSOR_PARALLEL]}),
-    )
+    name = TENSOR_PARALLEL["name"]
     script = SERVE_TENSOR_PARALLEL.format(
-        name=TENSOR_PARALLEL["name"], port=TENSOR_PARALLEL["port"], served=TENSOR_PARALLEL["served_model_name"]
+        name=name, port=TENSOR_PARALLEL["port"], served=TENSOR_PARALLEL["served_model_name"]
     )
-    result = ansible(host, "ansible.builtin.shell", script, timeout=900)[host]["stdout"]
+    try:
+        run_playbooks(
+            served_lab.inventory,
+            [str(PROJECT_ROOT / "tests" / "integration" / "vllm_instance.yml")],
+            "-e",
+            json.dumps({"vllm_instance_hosts": host, "vllm_service_instances": [TENSOR_PARALLEL]}),
+        )
+        result = ansible(host, "ansible.builtin.shell", script, timeout=900)[host]["stdout"]
+    finally:
+        # The lab as the other tests expect it: the instance gone (a later serve run would prune it).
+        ansible(host, "ansible.builtin.shell", REMOVE_INSTANCE.format(name=name))
     # "key value" lines, and systemctl's "Key=value".
     lines = [match.groups() for match in re.finditer(r"^(\w+)[ =](.*)$", result, re.MULTILINE)]
     seen = {key: value for key, value in lines if key not in ("process", "connection", "journal")}
