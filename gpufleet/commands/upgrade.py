@@ -22,8 +22,8 @@ from gpufleet.report import FleetReport
 from gpufleet.report_formats import summary_table
 from gpufleet.runner import format_summary, run_playbook
 
-OUTCOME_TASK = "Record the node's outcome"
-SKIP_TASK = "Record why the node was left as it is"
+# The key of the structured outcome each node's gpufleet.fleet.upgrade_result returns (plugins/action/upgrade_result.py).
+OUTCOME_KEY = "gpufleet_upgrade"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -101,19 +101,20 @@ def node_plans(report: FleetReport) -> dict[str, list[str]]:
 
 @dataclass
 class Outcomes:
-    """ansible-runner event handler: each node's upgrade_outcome, as the playbook records it."""
+    """ansible-runner event handler: each node's outcome, as gpufleet.fleet.upgrade_result returns it."""
 
     nodes: dict[str, dict] = field(default_factory=dict)
 
     def __call__(self, event: dict) -> bool:
         data = event.get("event_data") or {}
-        if event.get("event") == "runner_on_ok" and data.get("task") in (OUTCOME_TASK, SKIP_TASK):
-            outcome = ((data.get("res") or {}).get("ansible_facts") or {}).get("upgrade_outcome")
-            if outcome:
-                self.nodes[str(outcome["node"])] = outcome
-                print(f"upgrade: {describe(outcome)}", flush=True)
+        result = data.get("res") or {}
+        if event.get("event") == "runner_on_ok" and isinstance(result.get(OUTCOME_KEY), dict):
+            outcome = result[OUTCOME_KEY]
+            self.nodes[str(outcome["node"])] = outcome
+            print(f"upgrade: {describe(outcome)}", flush=True)
         elif event.get("event") in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
-            message = str((data.get("res") or {}).get("msg") or "failed").strip().splitlines()[0][:400]
+            lines = str(result.get("msg") or "").strip().splitlines()
+            message = (lines or ["failed"])[0][:400]
             print(f"upgrade: {data.get('host')}: {data.get('task')}: {message}", flush=True)
         return True
 
@@ -168,7 +169,11 @@ def report(rc: int, hosts: list[str], outcomes: dict[str, dict], artifacts: Path
     """Every node's outcome; a GpufleetError naming the nodes that stopped the rollout."""
     for host in hosts:
         if host not in outcomes:
-            print(f"upgrade: {host}: not started (the rollout stopped before it, or it could not be reached)")
+            print(
+                f"upgrade: {host}: not started, or its state is unknown: the rollout stopped before it, or it "
+                "could not be reached (it may be drained; the next `gpufleet upgrade` reads its journal and "
+                "finishes or rolls it back)"
+            )
     stopped = [describe(o) for o in outcomes.values() if o["status"] in ("rolled_back", "failed")]
     if stopped:
         raise GpufleetError("the rollout stopped: " + " | ".join(stopped))

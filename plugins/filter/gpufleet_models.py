@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 """Filter model_version_dir: where model_store stages one version of a model — the one place the naming
-rule lives (the role, the drift layer and rebuild use it)."""
+rule lives (the role, the drift layer and rebuild use it); model_versions_to_prune: which staged versions the
+role's prune removes."""
 
 from __future__ import annotations
 
@@ -42,6 +43,29 @@ def model_version_dirs(models: list, root: str) -> dict:
     return dict((str(model["name"]), model_version_dir(model, root)) for model in models)
 
 
+def model_versions_to_prune(versions: list, keep: int, in_service: list, protected: list) -> list:
+    """The version directories to remove, given find's results for one model (path, mtime).
+
+    Never removed: the versions in service (now, and before this run: the one a failed upgrade's rollback points
+    back at) and every version an upgrade's snapshot names (`protected`). Of the others, the newest are kept until
+    `keep` versions in all remain (the one in service counts); 0 keeps everything.
+    """
+    if keep <= 0:
+        return []
+    kept = [path for path in in_service if path]
+    others = sorted(
+        (item for item in versions if item["path"] not in kept and item["path"] not in protected),
+        key=lambda item: item["mtime"],
+        reverse=True,
+    )
+    room = max(keep - len(set(kept)), 0)
+    return [item["path"] for item in others[room:]]
+
+
 class FilterModule(object):
     def filters(self):
-        return {"model_version_dir": model_version_dir, "model_version_dirs": model_version_dirs}
+        return {
+            "model_version_dir": model_version_dir,
+            "model_version_dirs": model_version_dirs,
+            "model_versions_to_prune": model_versions_to_prune,
+        }

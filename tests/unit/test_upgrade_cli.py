@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import build_parser
-from gpufleet.commands.upgrade import OUTCOME_TASK, Outcomes, named_hosts, node_plans, parse_max_unavailable, report
+from gpufleet.commands.upgrade import OUTCOME_KEY, Outcomes, named_hosts, node_plans, parse_max_unavailable, report
 from gpufleet.errors import GpufleetError
 from gpufleet.report import ReportBuilder
 
@@ -97,13 +97,14 @@ def test_outcomes_are_read_from_the_playbooks_events(capsys: pytest.CaptureFixtu
         "reason": "vllm@main did not become ready",
         "state": "rolled back, serving",
     }
+    # Read by the structured key gpufleet.fleet.upgrade_result returns, whatever the task is called.
     outcomes(
         {
             "event": "runner_on_ok",
-            "event_data": {"task": OUTCOME_TASK, "res": {"ansible_facts": {"upgrade_outcome": outcome}}},
+            "event_data": {"task": "any name at all", "res": {OUTCOME_KEY: outcome, "ansible_facts": {}}},
         }
     )
-    outcomes({"event": "runner_on_ok", "event_data": {"task": "another task", "res": {}}})
+    outcomes({"event": "runner_on_ok", "event_data": {"task": "Record the node's outcome", "res": {}}})
     assert outcomes.nodes == {"node-1": outcome}
     assert (
         "node-1: rolled_back (layers serve, 12.5 s) - vllm@main did not become ready; rolled back, serving"
@@ -111,6 +112,15 @@ def test_outcomes_are_read_from_the_playbooks_events(capsys: pytest.CaptureFixtu
     )
     with pytest.raises(GpufleetError, match="the rollout stopped: node-1: rolled_back"):
         report(2, ["node-1", "node-2"], outcomes.nodes, Path("/nowhere"))
+
+
+def test_a_failure_without_a_message_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    # A whitespace-only msg raised IndexError inside the runner's event loop and crashed the upgrade (review L5).
+    outcomes = Outcomes()
+    assert outcomes(
+        {"event": "runner_on_failed", "event_data": {"host": "node-1", "task": "t", "res": {"msg": " \n "}}}
+    )
+    assert "upgrade: node-1: t: failed" in capsys.readouterr().out
 
 
 def test_a_clean_rollout_reports_every_node(capsys: pytest.CaptureFixture[str]) -> None:
