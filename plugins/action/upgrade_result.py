@@ -2,8 +2,8 @@
 """Action plugin upgrade_result: record one node's outcome of a rolling upgrade without contacting the host.
 
 The result carries the outcome under the key `gpufleet_upgrade` (what `gpufleet upgrade` reads from the runner's
-events, as it reads `gpufleet_drift` from a drift run) and as the fact upgrade_outcome (what the playbook's own
-report and failure budget read). Documentation: plugins/modules/upgrade_result.py.
+events, as it reads `gpufleet_drift` from a drift run) and as the fact upgrade_outcome (ansible_facts.upgrade_outcome: what the
+playbook's own report and failure budget read). Documentation: plugins/modules/upgrade_result.py.
 """
 
 from __future__ import annotations

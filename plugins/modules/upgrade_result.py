@@ -11,8 +11,8 @@ module: upgrade_result
 short_description: Record one node's outcome of a rolling upgrade
 description:
   - Used by C(playbooks/upgrade.yml) once per node. The outcome is returned under C(gpufleet_upgrade), the key
-    C(gpufleet upgrade) reads from the run's events, and set as the fact C(upgrade_outcome) for the playbook's
-    own report and failure budget.
+    C(gpufleet upgrade) reads from the run's events, and set as the fact C(ansible_facts.upgrade_outcome) for the
+    playbook's own report and failure budget.
   - Node text (a failure message, a journal line) is folded to one line without control characters.
   - Runs on the controller only (an action plugin); it never connects to the host and never changes anything.
 version_added: "0.2.0"

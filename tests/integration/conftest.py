@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -106,3 +106,19 @@ def run_ansible(inventory: Path, pattern: str, module: str, args: str = "", time
 def ansible(lab_inventory: Path) -> AnsibleRunner:
     """`ansible(pattern, module, args)` against the shared lab inventory."""
     return lambda pattern, module, args="", timeout=600: run_ansible(lab_inventory, pattern, module, args, timeout)
+
+
+@pytest.fixture()
+def host_vars(lab_inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[Path]:
+    """A host_vars directory beside the lab inventory for a test's declaration change; its files go after."""
+    directory = lab_inventory.parent / "host_vars"
+    created = not directory.exists()
+    directory.mkdir(exist_ok=True)
+    # Only this lab's hosts' files: the directory is beside every lab's inventory, private labs' included.
+    ours = {directory / f"{host}.yml" for host in lab_hosts}
+    before = {path for path in ours if path.exists()}
+    yield directory
+    for path in ours - before:
+        path.unlink(missing_ok=True)
+    if created and not any(directory.iterdir()):
+        directory.rmdir()
