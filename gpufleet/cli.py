@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from gpufleet import __version__
 from gpufleet.commands import COMMAND_MODULES
 from gpufleet.errors import GpufleetError
+from gpufleet.locks import CHANGING_COMMANDS, fleet_operation
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,12 +23,21 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(f"gpufleet.commands.{name}").add_parser(subparsers)
+    for name in CHANGING_COMMANDS:
+        subparsers.choices[name].add_argument(
+            "--break-lease",
+            action="store_true",
+            help="take the nodes although another operation's lease holds them (its controller was killed)",
+        )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command in CHANGING_COMMANDS:
+            with fleet_operation(args.command, args.inventory, args.break_lease):
+                return int(args.func(args))
         return int(args.func(args))
     except GpufleetError as error:
         print(f"gpufleet: error: {error}", file=sys.stderr)

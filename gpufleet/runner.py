@@ -12,6 +12,7 @@ from pathlib import Path
 from gpufleet import PROJECT_ROOT
 from gpufleet.collection import collections_dir
 from gpufleet.errors import GpufleetError
+from gpufleet.locks import LEASED_PLAYBOOKS, current_operation
 
 STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
 
@@ -104,6 +105,10 @@ def run_playbook(
     run_id = run_id or time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
     private_dir = make_run_dir((runs_root or runs_dir()) / run_id)
     cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
+    # The running operation's lease goes to every playbook that takes one (playbooks/lease.yml).
+    operation = current_operation()
+    if operation and playbook in LEASED_PLAYBOOKS:
+        extravars = {**operation.extravars(), **(extravars or {})}
     runner = ansible_runner.run(
         private_data_dir=str(private_dir),
         project_dir=str(PROJECT_ROOT),
@@ -122,6 +127,8 @@ def run_playbook(
         quiet=quiet,
         event_handler=event_handler,
     )
+    if operation and playbook in LEASED_PLAYBOOKS and int(runner.rc) != 0:
+        operation.failed_limits.append(limit)
     return PlaybookResult(
         rc=int(runner.rc),
         status=str(runner.status),

@@ -88,6 +88,22 @@ def named_hosts(inventory: Path, limit: str | None) -> list[str]:
     return named
 
 
+def unavailable_budget(max_unavailable: str, fleet: int, out_of_service: list[str], work: list[str]) -> str:
+    """The batch size left once the nodes already out of service count against --max-unavailable; GpufleetError
+    when none is left and some node needs work (no node is touched)."""
+    allowed = int(max_unavailable[:-1]) * fleet // 100 if max_unavailable.endswith("%") else int(max_unavailable)
+    left = allowed - len(out_of_service)
+    if left >= allowed:
+        return max_unavailable
+    if left < 1 and work:
+        raise GpufleetError(
+            f"{len(out_of_service)} node(s) already out of service ({', '.join(out_of_service)}) count against "
+            f"--max-unavailable {max_unavailable}, which then lets no other node out: put them back "
+            f"(gpufleet uncordon), or raise --max-unavailable; no node was touched"
+        )
+    return str(max(left, 1))
+
+
 def node_plans(report: FleetReport) -> dict[str, list[str]]:
     """Node -> the layers its upgrade rebuilds (empty: it matches the declaration)."""
     plans = {}
@@ -149,12 +165,20 @@ def run(args: argparse.Namespace) -> int:
             f"upgrade: {host}: "
             + (f"layers {', '.join(plans.get(host, []))}" if plans.get(host) else "matches the declaration")
         )
+    # Cordoned nodes are out of service already: they count against --max-unavailable (forced ones are upgraded
+    # in a batch, counted there).
+    forced = named if args.force else []
+    cordoned = [name for name, node in before.report.nodes.items() if node.status == "cordoned" and name not in forced]
+    work = [host for host in hosts if plans.get(host) and host not in cordoned]
+    batch = unavailable_budget(max_unavailable, len(hosts), cordoned, work)
+    if batch != max_unavailable:
+        print(f"upgrade: {', '.join(cordoned)} out of service already: at most {batch} more at once")
     extravars = {
-        "upgrade_max_unavailable": max_unavailable,
+        "upgrade_max_unavailable": batch,
         "upgrade_max_fail": args.max_fail,
         "upgrade_plan": {host: plans.get(host, []) for host in hosts},
         "upgrade_named": named,
-        "upgrade_force": named if args.force else [],
+        "upgrade_force": forced,
     }
     outcomes = Outcomes()
     result = run_playbook(

@@ -103,8 +103,10 @@ def run_playbooks(inventory: Path, limit: str, names: Sequence[str]) -> None:
     )
 
 
-def gpufleet(runs: Path, *arguments: str, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, GPUFLEET_RUNS_DIR=str(runs))
+def gpufleet(
+    runs: Path, *arguments: str, timeout: int = 3600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, GPUFLEET_RUNS_DIR=str(runs), **(env or {}))
     result = subprocess.run(
         [str(BIN / "gpufleet"), *arguments],
         capture_output=True,

@@ -1,6 +1,8 @@
-"""What `gpufleet upgrade` leaves when it cannot finish (issue 28): a snapshot that cannot be written (a full
-file system) changes nothing and the node keeps serving; a controller killed while the layers apply leaves the node
-drained with its journal at `applying`, and the next run rolls it back from the snapshot on the node, then
+"""What `gpufleet upgrade` leaves when it cannot finish, and one operation at a time (issue 28): a snapshot that
+cannot be written (a full file system) changes nothing and the node keeps serving; while an upgrade runs, a second
+operation is refused naming it, from the same controller (its inventory lock) and from another (the node's lease);
+a controller killed while the layers apply leaves the node drained with its journal at `applying` and its lease
+held, the next run says so and, with --break-lease, rolls the node back from the snapshot on the node, then
 upgrades it. The declaration change is one instance's option (max_num_seqs of main), in host_vars."""
 
 from __future__ import annotations
@@ -84,6 +86,13 @@ def test_a_controller_killed_while_the_layers_apply_is_finished_by_the_next_run(
                 break
             time.sleep(1)
         assert upgrade.poll() is None, (tmp_path / "killed.log").read_text()[-4000:]
+        # A second operation meanwhile: refused by the inventory's lock on this controller, and by the node's lease
+        # from another (a lock directory of its own stands for another controller).
+        for lock_dir, holder in ((None, "is held by `gpufleet upgrade`"), (tmp_path / "other", "lab")):
+            env = {"GPUFLEET_LOCK_DIR": str(lock_dir)} if lock_dir else {}
+            second = gpufleet(tmp_path, "cordon", "-i", str(lab_inventory), node, "--reason", "second", env=env)
+            assert second.returncode != 0, second.stdout + second.stderr
+            assert holder in second.stdout + second.stderr and "gpufleet upgrade" in second.stdout + second.stderr
         os.killpg(upgrade.pid, signal.SIGKILL)
         upgrade.wait()
         # ansible-playbook runs in a terminal of its own (the runner's pexpect): the controller's whole run goes.
@@ -91,7 +100,13 @@ def test_a_controller_killed_while_the_layers_apply_is_finished_by_the_next_run(
     assert phase(lab_inventory, node) == "applying"
     assert state(lab_inventory, node, THROUGH_PROXY).split()[-1] == "drained"
 
-    result = gpufleet(tmp_path, "upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve")
+    # The killed controller's lease is still on the node: named, and broken only when asked.
+    upgrade_again = ["upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve"]
+    result = gpufleet(tmp_path, *upgrade_again)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and f"{node} is held by `gpufleet upgrade`" in output, output[-6000:]
+    assert "--break-lease" in output, output[-6000:]
+    result = gpufleet(tmp_path, *upgrade_again, "--break-lease")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert f"upgrade: {node}: upgraded" in output and "left in phase applying" in output, output[-6000:]

@@ -18,7 +18,7 @@ def test_site_imports_every_layer_with_a_playbook_in_registry_order_tagged_with_
     imported = [
         (entry["ansible.builtin.import_playbook"], entry.get("tags"))
         for entry in site_imports()
-        if entry["ansible.builtin.import_playbook"] not in ("preflight.yml", "verify.yml", "resume.yml")
+        if entry["ansible.builtin.import_playbook"] not in ("preflight.yml", "lease.yml", "verify.yml", "resume.yml")
     ]
     expected = [(layer.playbook, [layer.name]) for layer in layers.registry() if layer.playbook]
     assert imported == expected
@@ -81,7 +81,8 @@ def test_rebuild_runs_the_layers_through_site() -> None:
 def test_rebuild_asks_the_roles_to_reset_themselves() -> None:
     # The clearing play holds no role internals: each step is a role's `reset` entry point (or the record of
     # what vllm_service's stopped, which resume.yml reads).
-    clearing = yaml.safe_load((PLAYBOOKS / "rebuild.yml").read_text())[1]
+    plays = yaml.safe_load((PLAYBOOKS / "rebuild.yml").read_text())
+    clearing = next(play for play in plays if "tasks" in play and play["name"].startswith("Rebuild — stop"))
     resets = []
     for task in clearing["tasks"]:
         if "ansible.builtin.set_fact" in task:

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import build_parser
-from gpufleet.commands.upgrade import OUTCOME_KEY, Outcomes, named_hosts, node_plans, parse_max_unavailable, report
+from gpufleet.commands.upgrade import (
+    OUTCOME_KEY,
+    Outcomes,
+    unavailable_budget,
+    named_hosts,
+    node_plans,
+    parse_max_unavailable,
+    report,
+)
 from gpufleet.errors import GpufleetError
 from gpufleet.report import ReportBuilder
 
@@ -135,3 +143,14 @@ def test_cordon_and_uncordon_are_subcommands() -> None:
     assert build_parser().parse_args(["uncordon", "node-1", "-i", "hosts.yml"]).action == "uncordon"
     args = build_parser().parse_args(["upgrade", "-i", "hosts.yml", "--max-unavailable", "2", "--force"])
     assert (args.max_unavailable, args.max_fail, args.force) == ("2", 0, True)
+
+
+def test_nodes_out_of_service_count_against_max_unavailable() -> None:
+    # Review M3(b): a cordoned node took no slot, and the next node was drained beside it.
+    assert unavailable_budget("2", 4, ["node-3"], ["node-1"]) == "1"
+    assert unavailable_budget("50%", 4, ["node-3"], ["node-1"]) == "1"
+    assert unavailable_budget("1", 4, [], ["node-1"]) == "1"
+    # Nothing to do: nothing refused.
+    assert unavailable_budget("1", 4, ["node-3"], []) == "1"
+    with pytest.raises(GpufleetError, match=r"1 node\(s\) already out of service \(node-3\) .* no node was touched"):
+        unavailable_budget("1", 4, ["node-3"], ["node-1"])
