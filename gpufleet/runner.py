@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +56,9 @@ class PlaybookResult:
     status: str
     artifacts: Path
     hosts: dict[str, dict[str, int]] = field(default_factory=dict)
+    # "host: task: first line of its message" of each failure that was not ignored (a rescued one included), in
+    # order; read only when the run failed.
+    failures: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> int:
@@ -134,7 +137,20 @@ def run_playbook(
         status=str(runner.status),
         artifacts=private_dir / "artifacts" / runner.config.ident,
         hosts=host_counters(runner.stats),
+        failures=failure_lines(runner.events) if int(runner.rc) != 0 else [],
     )
+
+
+def failure_lines(events: Iterable[dict]) -> list[str]:
+    """One line per failed or unreachable task of a run's events (not those ignored)."""
+    lines = []
+    for event in events:
+        data = event.get("event_data") or {}
+        if event.get("event") not in ("runner_on_failed", "runner_on_unreachable") or data.get("ignore_errors"):
+            continue
+        message = str((data.get("res") or {}).get("msg") or "failed").strip().splitlines() or ["failed"]
+        lines.append(f"{data.get('host')}: {data.get('task')}: {message[0][:400]}")
+    return lines
 
 
 def format_summary(result: PlaybookResult) -> str:

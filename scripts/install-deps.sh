@@ -11,6 +11,7 @@ packages=(
   gcc make libc6-dev # the simulated NVML library is compiled in C
   curl ca-certificates
   openssl            # the lab CA and host certificates
+  haproxy            # the lab's load balancer in front of the hosts' proxies (gpufleet/lab/balancer.py)
   chromium           # headless: tests/unit/test_report_html.py screenshots `gpufleet drift --html`'s page
 )
 

@@ -35,8 +35,9 @@ def run(args: argparse.Namespace) -> int:
     extravars = {"cordon_action": args.action, "cordon_reason": getattr(args, "reason", "")}
     result = run_playbook("cordon.yml", args.inventory, limit=args.node, extravars=extravars, quiet=True)
     if result.rc != 0 or args.node not in result.hosts:
+        why = f": {result.failures[0]}" if result.failures else ""
         raise GpufleetError(
-            f"{args.action} {args.node} failed (ansible rc {result.rc}); its output is in {result.artifacts}"
+            f"{args.action} {args.node} failed (ansible rc {result.rc}){why}; its output is in {result.artifacts}"
         )
     done = "cordoned" if args.action == "cordon" else "uncordoned"
     already = "" if result.hosts[args.node]["changed"] else " (it already was)"

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from gpufleet.errors import GpufleetError
-from gpufleet.lab import fleet
+from gpufleet.lab import balancer, fleet
 from gpufleet.lab.config import LabConfig, load_config
 from gpufleet.lab.releases import DEFAULT_OS, RELEASES, parse_os_list
 
@@ -82,6 +82,8 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"mirror   port {mirror_status.port} on each host's gateway address: {health}")
     else:
         print("mirror   DOWN")
+    front = balancer.status(config)
+    print(f"balancer {front.url} (HAProxy, following each host's /health)" if front.running else "balancer DOWN")
     all_up = bool(hosts) and all(host.up for host in hosts) and mirror_status.healthy
     return 0 if all_up else 1
 

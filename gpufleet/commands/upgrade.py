@@ -186,10 +186,12 @@ def run(args: argparse.Namespace) -> int:
     )
     print()
     print(format_summary(result))
-    return report(result.rc, hosts, outcomes.nodes, result.artifacts)
+    return report(result.rc, hosts, outcomes.nodes, result.artifacts, result.failures)
 
 
-def report(rc: int, hosts: list[str], outcomes: dict[str, dict], artifacts: Path) -> int:
+def report(
+    rc: int, hosts: list[str], outcomes: dict[str, dict], artifacts: Path, failures: list[str] | None = None
+) -> int:
     """Every node's outcome; a GpufleetError naming the nodes that stopped the rollout."""
     for host in hosts:
         if host not in outcomes:
@@ -198,12 +200,13 @@ def report(rc: int, hosts: list[str], outcomes: dict[str, dict], artifacts: Path
                 "could not be reached (it may be drained; the next `gpufleet upgrade` reads its journal and "
                 "finishes or rolls it back)"
             )
-    stopped = [describe(o) for o in outcomes.values() if o["status"] in ("rolled_back", "failed")]
+    stopped = [describe(o) for o in outcomes.values() if o["status"] in ("not_upgraded", "rolled_back", "failed")]
     if stopped:
         raise GpufleetError("the rollout stopped: " + " | ".join(stopped))
     if rc != 0:
+        first = f": {failures[0]}" if failures else ""
         raise GpufleetError(
             f"the rollout stopped before it touched a node or when a node could not be reached "
-            f"(ansible rc {rc}); its output is in {artifacts}"
+            f"(ansible rc {rc}){first}; its output is in {artifacts}"
         )
     return 0

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from gpufleet.errors import GpufleetError
 from gpufleet.lab import host as hostlib
-from gpufleet.lab import inventory, keys, locks, mirror, network, pools, preflight, rootfs, state
+from gpufleet.lab import balancer, inventory, keys, locks, mirror, network, pools, preflight, rootfs, state
 from gpufleet.lab.addressing import host_address
 from gpufleet.lab.config import MIRROR_PORT, LabConfig
 from gpufleet.lab.host import Host
@@ -238,6 +238,15 @@ def up(config: LabConfig, count: int, timeout: float, releases: Sequence[OsRelea
             if probe.state == "degraded":
                 result.notes.append(f"{host.name} is degraded; failed units:\n{hostlib.failed_units(config, host)}")
 
+        # The front door a production fleet has: a load balancer following every host's /health.
+        balancer_action = balancer.ensure_running(
+            config,
+            str(hosts[0].address.gateway),
+            [balancer.Backend(host.name, str(host.address.host)) for host in hosts],
+        )
+        if balancer_action != "running":
+            result.notes.append(f"balancer {balancer_action}: {balancer.url(str(hosts[0].address.gateway))}")
+
         # The first two hosts form the lab's Ray cluster, on a link of their own.
         cluster = hosts[:2] if len(hosts) >= 2 else []
         if cluster and network.ensure_cluster_link(cluster[0].name, cluster[1].name):
@@ -304,6 +313,7 @@ def down(config: LabConfig) -> list[str]:
         pools.check_owner(config)
         done += remove_hosts(config, sorted(existing_indexes(config)))
         done += mirror.stop(config)
+        done += balancer.stop(config)
         leftovers = verify_gone(config)
         if leftovers:
             raise GpufleetError(f"lab down left {', '.join(leftovers)}; run `gpufleet lab down` again")
@@ -324,4 +334,6 @@ def verify_gone(config: LabConfig) -> list[str]:
         leftovers.append(f"host directories in {config.hosts_dir}")
     if mirror.status(config).running:
         leftovers.append("the mirror process")
+    if balancer.status(config).running:
+        leftovers.append("the balancer process")
     return leftovers

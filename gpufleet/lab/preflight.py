@@ -21,6 +21,7 @@ REQUIRED_TOOLS = {
     "ssh": "openssh-client",
     "ssh-keygen": "openssh-client",
     "tar": "tar",
+    "haproxy": "haproxy",
 }
 BUILD_TOOLS = {"mmdebstrap": "mmdebstrap"}
 

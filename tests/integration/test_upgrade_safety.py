@@ -1,9 +1,13 @@
 """What `gpufleet upgrade` leaves when it cannot finish, and one operation at a time (issue 28): a snapshot that
 cannot be written (a full file system) changes nothing and the node keeps serving; while an upgrade runs, a second
 operation is refused naming it, from the same controller (its inventory lock) and from another (the node's lease);
-a controller killed while the layers apply leaves the node drained with its journal at `applying` and its lease
-held, the next run says so and, with --break-lease, rolls the node back from the snapshot on the node, then
-upgrades it. The declaration change is one instance's option (max_num_seqs of main), in host_vars."""
+a controller killed while the layers rename an instance leaves the node drained with its journal at `applying` (or
+`gating`) and its lease held; the next run says so and, with --break-lease, rolls the node back from the snapshot on
+the node (the removed instance's files and directory put back, the added one removed), then renames it: the node
+serves the new declaration, nothing is left stopped, and the instance that did not change was never restarted.
+Review H1/M1: renaming an instance failed the upgrade and then its rollback, leaving the node drained with every
+instance stopped, and an added instance was stopped again after a successful upgrade. Declaration changes are
+host_vars files beside the lab inventory."""
 
 from __future__ import annotations
 
@@ -62,14 +66,23 @@ def test_a_snapshot_that_cannot_be_written_changes_nothing(
     assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
 
 
-def test_a_controller_killed_while_the_layers_apply_is_finished_by_the_next_run(
+def declare_renamed(host_vars: Path, node: str, name: str) -> None:
+    """The lab's instances with greedy called `name`."""
+    instances = yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instances"]
+    renamed = [{**item, "name": name} if item["name"] == "greedy" else item for item in instances]
+    (host_vars / f"{node}.yml").write_text(yaml.safe_dump({"vllm_service_instances": renamed}))
+
+
+def test_a_controller_killed_while_an_instance_is_renamed_is_finished_by_the_next_run(
     lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
 ) -> None:
     node = sorted(lab_hosts)[0]
-    dropin = "cat /etc/systemd/system/vllm@main.service.d/gpufleet.conf"
-    dropin_before = state(lab_inventory, node, dropin)
-    declare_main_option(host_vars, node, 8)
-    command = [str(BIN / "gpufleet"), "upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve"]
+    main_started = state(lab_inventory, node, "systemctl show -p ActiveEnterTimestamp vllm@main")
+    instances = (
+        "ls -d /etc/systemd/system/vllm@*.service.d; systemctl is-active vllm@main vllm@greedy vllm@chat || true"
+    )
+    declare_renamed(host_vars, node, "chat")
+    command = [str(BIN / "gpufleet"), "upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve,proxy"]
     with (tmp_path / "killed.log").open("w") as log:
         upgrade = subprocess.Popen(
             command,
@@ -79,29 +92,34 @@ def test_a_controller_killed_while_the_layers_apply_is_finished_by_the_next_run(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        # Killed once the node is drained and its new drop-in written: half-changed, mid-apply.
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and upgrade.poll() is None:
-            if phase(lab_inventory, node) == "applying" and state(lab_inventory, node, dropin) != dropin_before:
-                break
-            time.sleep(1)
-        assert upgrade.poll() is None, (tmp_path / "killed.log").read_text()[-4000:]
-        # A second operation meanwhile: refused by the inventory's lock on this controller, and by the node's lease
-        # from another (a lock directory of its own stands for another controller).
-        for lock_dir, holder in ((None, "is held by `gpufleet upgrade`"), (tmp_path / "other", "lab")):
-            env = {"GPUFLEET_LOCK_DIR": str(lock_dir)} if lock_dir else {}
-            second = gpufleet(tmp_path, "cordon", "-i", str(lab_inventory), node, "--reason", "second", env=env)
-            assert second.returncode != 0, second.stdout + second.stderr
-            assert holder in second.stdout + second.stderr and "gpufleet upgrade" in second.stdout + second.stderr
-        os.killpg(upgrade.pid, signal.SIGKILL)
-        upgrade.wait()
-        # ansible-playbook runs in a terminal of its own (the runner's pexpect): the controller's whole run goes.
-        subprocess.run(["pkill", "-KILL", "-f", "ansible-playbook.*upgrade.yml"], check=False)
-    assert phase(lab_inventory, node) == "applying"
+        try:
+            # Killed once greedy is removed and chat starting: half-renamed, mid-apply.
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and upgrade.poll() is None:
+                if phase(lab_inventory, node) == "applying" and "vllm@greedy" not in state(
+                    lab_inventory, node, instances
+                ):
+                    break
+                time.sleep(1)
+            assert upgrade.poll() is None, (tmp_path / "killed.log").read_text()[-4000:]
+            # A second operation meanwhile, from another controller (a lock directory of its own): refused by the
+            # node's lease, naming the upgrade. (The same controller's lock: tests/unit/test_fleet_lock.py.)
+            other = {"GPUFLEET_LOCK_DIR": str(tmp_path / "other-controller")}
+            second = gpufleet(tmp_path, "cordon", "-i", str(lab_inventory), node, "--reason", "second", env=other)
+            said = second.stdout + second.stderr
+            assert second.returncode != 0 and f"{node} is held by `gpufleet upgrade`" in said, said
+        finally:
+            # The controller's whole run: ansible-playbook runs in a terminal of its own (the runner's pexpect).
+            os.killpg(upgrade.pid, signal.SIGKILL)
+            upgrade.wait()
+            subprocess.run(["pkill", "-KILL", "-f", "ansible-playbook.*upgrade.yml"], check=False)
+    # Killed mid-upgrade: applying its layers, or gating them if the cordon above took long enough.
+    killed_in = phase(lab_inventory, node)
+    assert killed_in in ("applying", "gating")
     assert state(lab_inventory, node, THROUGH_PROXY).split()[-1] == "drained"
 
     # The killed controller's lease is still on the node: named, and broken only when asked.
-    upgrade_again = ["upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve"]
+    upgrade_again = ["upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve,proxy"]
     result = gpufleet(tmp_path, *upgrade_again)
     output = result.stdout + result.stderr
     assert result.returncode != 0 and f"{node} is held by `gpufleet upgrade`" in output, output[-6000:]
@@ -109,15 +127,21 @@ def test_a_controller_killed_while_the_layers_apply_is_finished_by_the_next_run(
     result = gpufleet(tmp_path, *upgrade_again, "--break-lease")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    assert f"upgrade: {node}: upgraded" in output and "left in phase applying" in output, output[-6000:]
-    assert "rolled back to what it served before" in output, output[-6000:]
+    assert f"upgrade: {node}: upgraded" in output and f"left in phase {killed_in}" in output, output[-6000:]
+    assert "rolled back to what it served before (vllm@greedy.service, vllm@main.service)" in output, output[-6000:]
     assert phase(lab_inventory, node) == "done"
-    assert '"--max-num-seqs" "8"' in state(lab_inventory, node, dropin)
-    assert state(lab_inventory, node, RUNNING).splitlines()[:2] == ["active", "active"]
-    assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
 
-    # Back to the lab's declaration, through an upgrade too.
-    (host_vars / f"{node}.yml").unlink()
-    result = gpufleet(tmp_path, "upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
-    assert state(lab_inventory, node, dropin) == dropin_before
+    # Renamed, and back: each time the node serves the new declaration with nothing left stopped.
+    for current, old in (("chat", "greedy"), ("greedy", "chat")):
+        if current == "greedy":
+            declare_renamed(host_vars, node, "greedy")
+            result = gpufleet(tmp_path, *upgrade_again)
+            assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+        units = state(lab_inventory, node, instances).split()
+        assert f"/etc/systemd/system/vllm@{old}.service.d" not in units, units
+        active = dict(zip(["main", "greedy", "chat"], units[-3:]))
+        assert (active["main"], active[current], active[old]) == ("active", "active", "inactive"), units
+        assert state(lab_inventory, node, f"systemctl is-enabled vllm@{current}").split() == ["enabled"]
+        assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
+    # main did not change: neither the rename, nor the rollback, nor the rename back restarted it.
+    assert state(lab_inventory, node, "systemctl show -p ActiveEnterTimestamp vllm@main") == main_started
