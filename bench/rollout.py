@@ -1,16 +1,17 @@
-"""Rolling upgrades of the lab fleet under load (issue 13): with at most one node out of service at once,
+"""Rolling upgrades of the lab fleet under load (issues 13, 28): with at most one node out of service at once,
 `gpufleet upgrade` of a driver change (a newer driver on every node: installed, rebooted into, the instances
-started again, health-gated), the change taken back (the lab's driver again, a downgrade), and a venv change run
-through playbooks/upgrade.yml directly (every node's venv built again from the wheelhouse, the instances
-restarted on it), while a bounded client loop sends completions through every node's TLS proxy in turn.
+started again, health-gated) and the change taken back (the lab's driver again, a downgrade), while a bounded
+client loop sends completions through the lab's load balancer (gpufleet/lab/balancer.py: HAProxy following each
+node's /health, as a production fleet's front door does), so the figures are what a fleet's clients see.
 
-Usage: .venv/bin/python bench/rollout.py [--hosts b-1,b-2,b-3,b-4] [--changes driver,venv] [--requests-per-second 2]
+Usage: .venv/bin/python bench/rollout.py [--hosts b-1,b-2,b-3,b-4] [--requests-per-second 2]
        (GPUFLEET_LAB_INVENTORY and friends name the lab; its nodes must be converged with site.yml)
 
-Prints per rollout: its wall time against the sum of the per-node upgrade times, and the requests answered
-(200), refused by a drained node (503 with Retry-After) and failed otherwise, per node. The driver change is a
-host_vars file per node beside the lab inventory, removed at the end. Requests go to the lab nodes' own
-addresses only, and the loop ends with the rollout.
+Prints per rollout: its wall time against the sum of the per-node upgrade times, and the requests answered (200)
+and failed (anything else), with the node HAProxy sent each answered one to. The driver change is a host_vars file
+per node beside the lab inventory, removed at the end. Requests go to the lab's balancer only (on the lab's own
+link), and the loop ends with the rollout. (A venv rollout needs a venv built beside the one in service, which the
+venv layer does not do yet: issue 28, review M7/M12.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import collections
 import json
 import os
 import re
-import ssl
 import subprocess
 import sys
 import threading
@@ -32,50 +32,58 @@ from pathlib import Path
 
 import yaml
 
+from gpufleet.lab import balancer
+from gpufleet.lab.config import load_config
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 CACHE = Path(os.environ.get("GPUFLEET_CACHE") or "/var/cache/gpufleet")
 LAB_VARS = PROJECT_ROOT / "inventories" / "lab" / "group_vars" / "all"
 DRIVER_RUNFILE = re.compile(r"^NVIDIA-Linux-x86_64-([0-9.]+)\.run$")
-# `gpufleet upgrade`'s line per node, and playbooks/upgrade.yml's report (run directly).
+# `gpufleet upgrade`'s line per node.
 CLI_NODE_LINE = re.compile(r"^upgrade: (\S+): upgraded \(layers [^)]*, ([0-9.]+) s\)", re.M)
-# In the report a node's outcome may follow the previous node's ';' with no space between.
-PLAYBOOK_NODE_LINE = re.compile(r"([\w.-]+): upgraded \(([0-9.]+) s\)")
 
 
 class Client(threading.Thread):
-    """Sends one small completion at a time, to each node in turn, until stopped; counts the answers."""
+    """Sends one small completion at a time through the balancer until stopped; counts the answers by the node
+    that gave them (HAProxy's server name, from its log) or by the failure."""
 
-    def __init__(self, addresses: dict[str, str], rate: float) -> None:
+    def __init__(self, balancer_url: str, rate: float) -> None:
         super().__init__(daemon=True)
-        self.addresses, self.interval = addresses, 1.0 / rate
-        self.context = ssl.create_default_context(cafile=str(CACHE / "lab-tls" / "ca.crt"))
+        self.url, self.interval = balancer_url, 1.0 / rate
         self.key = (CACHE / "lab-secrets" / "proxy-api-key").read_text().strip()
         serve = yaml.safe_load((LAB_VARS / "serve.yml").read_text())
         self.model = str(serve["vllm_service_instances"][0]["served_model_name"])
-        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.counts: collections.Counter[str] = collections.Counter()
         self.stop = threading.Event()
 
-    def send(self, address: str) -> str:
+    def send(self) -> str:
         body = json.dumps({"model": self.model, "prompt": "A GPU fleet is", "max_tokens": 4}).encode()
         request = urllib.request.Request(
-            f"https://{address}/v1/completions",
+            f"{self.url}/v1/completions",
             data=body,
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
         )
         try:
-            with urllib.request.urlopen(request, timeout=60, context=self.context) as answer:
+            with urllib.request.urlopen(request, timeout=60) as answer:
                 return str(answer.status)
         except urllib.error.HTTPError as error:
-            return "503 drained" if error.code == 503 and error.headers.get("Retry-After") else str(error.code)
+            return str(error.code)
         except (urllib.error.URLError, OSError) as error:
             return f"error {type(error).__name__}"
 
     def run(self) -> None:
         while not self.stop.is_set():
-            for node, address in self.addresses.items():
-                self.counts[(node, self.send(address))] += 1
-                self.stop.wait(self.interval)
+            self.counts[self.send()] += 1
+            self.stop.wait(self.interval)
+
+
+def answered_by(log: Path, offset: int) -> collections.Counter[str]:
+    """Completions HAProxy logged since `offset`, by the node that answered (`nodes/NAME` in its httplog)."""
+    with log.open("rb") as handle:
+        handle.seek(offset)
+        text = handle.read().decode(errors="replace")
+    return collections.Counter(re.findall(r" nodes/(\S+) .* 200 .*\"POST /v1/completions", text))
 
 
 Rollout = Callable[[], tuple[int, str]]
@@ -93,8 +101,11 @@ def run(command: list[str], runs: Path) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
-def measured(name: str, rollout: Rollout, node_line: re.Pattern[str], addresses: dict[str, str], rate: float) -> None:
-    client = Client(addresses, rate)
+def measured(
+    name: str, rollout: Rollout, node_line: re.Pattern[str], balancer_url: str, log: Path, rate: float
+) -> None:
+    client = Client(balancer_url, rate)
+    offset = log.stat().st_size
     client.start()
     started = time.monotonic()
     try:
@@ -106,39 +117,26 @@ def measured(name: str, rollout: Rollout, node_line: re.Pattern[str], addresses:
     if rc != 0:
         sys.exit(f"bench: {name}: the upgrade failed ({rc}):\n{output[-8000:]}")
     per_node = {node: float(seconds) for node, seconds in node_line.findall(output)}
-    answers = collections.Counter(status for (_, status) in client.counts.elements())
+    answers = client.counts
+    failed = {status: n for status, n in answers.items() if status != "200"}
     print(
-        f"{name}: {len(addresses)} nodes, max 1 unavailable: wall {wall:.0f} s; per-node upgrade times "
+        f"{name}: {len(per_node)} nodes, max 1 unavailable: wall {wall:.0f} s; per-node upgrade times "
         + ", ".join(f"{node} {seconds:.0f} s" for node, seconds in sorted(per_node.items()))
         + f" (sum {sum(per_node.values()):.0f} s; the rest is the drift check, preflight and the rollout's checks)"
     )
     print(
-        f"{name}: requests {sum(answers.values())}: answered {answers.get('200', 0)}, refused by a drained node "
-        f"(503 + Retry-After) {answers.get('503 drained', 0)}, failed otherwise "
-        f"{sum(n for status, n in answers.items() if status not in ('200', '503 drained'))} "
-        f"{dict((s, n) for s, n in answers.items() if s not in ('200', '503 drained'))}"
+        f"{name}: requests through the balancer {sum(answers.values())}: answered {answers.get('200', 0)}, "
+        f"failed {sum(failed.values())} {failed}"
     )
-    for node in sorted(addresses):
-        print(
-            f"  {node}: "
-            + ", ".join(f"{status} x{n}" for (host, status), n in sorted(client.counts.items()) if host == node),
-            flush=True,
-        )
+    print(
+        "  answered by: " + ", ".join(f"{node} x{n}" for node, n in sorted(answered_by(log, offset).items())),
+        flush=True,
+    )
 
 
 def upgrade_cli(inventory: Path, hosts: list[str], runs: Path) -> Rollout:
     command = [str(BIN / "gpufleet"), "upgrade", "-i", str(inventory), "--limit", ",".join(hosts)]
     return lambda: run(command + ["--max-unavailable", "1", "--layers", "driver"], runs)
-
-
-def upgrade_playbook(inventory: Path, hosts: list[str], runs: Path, extra: dict) -> Rollout:
-    command = [str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", ",".join(hosts)]
-    command += [
-        str(PROJECT_ROOT / "playbooks" / "upgrade.yml"),
-        "-e",
-        json.dumps({"upgrade_max_unavailable": 1, **extra}),
-    ]
-    return lambda: run(command, runs)
 
 
 def newest_standin_driver() -> str:
@@ -169,60 +167,51 @@ def with_host_vars(directory: Path, hosts: list[str], values: dict, body: Callab
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", help="lab nodes, comma-separated (default: every node of the inventory)")
-    parser.add_argument("--changes", default="driver,venv", help="rollouts to run: driver, venv (default both)")
     parser.add_argument("--requests-per-second", type=float, default=2.0)
     args = parser.parse_args()
     inventory = Path(os.environ.get("GPUFLEET_LAB_INVENTORY") or PROJECT_ROOT / "inventories" / "lab" / "hosts.yml")
     nodes = yaml.safe_load(inventory.read_text())["all"]["children"]["gpu_nodes"]["hosts"]
     hosts = args.hosts.split(",") if args.hosts else sorted(nodes)
-    addresses = {host: str(nodes[host]["ansible_host"]) for host in hosts}
+    front = balancer.status(load_config())
+    if not front.running:
+        sys.exit("bench: the lab's balancer does not run: `gpufleet lab up` starts it")
+    log = load_config().lab_dir / "balancer" / "haproxy.log"
     runs = Path(os.environ.get("GPUFLEET_RUNS_DIR") or "/var/lib/gpufleet/runs")
     rate = args.requests_per_second
     host_vars = inventory.parent / "host_vars"
     created = not host_vars.exists()
     host_vars.mkdir(exist_ok=True)
     stack = yaml.safe_load((LAB_VARS / "stack.yml").read_text())["gpufleet_stack"]
-    changes = args.changes.split(",")
     try:
-        if "driver" in changes:
-            newest = newest_standin_driver()
-            newer = {"gpufleet_stack": {**stack, "driver": newest}}
-            with_host_vars(
-                host_vars,
-                hosts,
-                newer,
-                lambda: measured(
-                    f"driver {stack['driver']} -> {newest}",
-                    upgrade_cli(inventory, hosts, runs),
-                    CLI_NODE_LINE,
-                    addresses,
-                    rate,
-                ),
-            )
-            # Back to the lab's declaration: a downgrade, which the driver role does only when allowed.
-            with_host_vars(
-                host_vars,
-                hosts,
-                {"nvidia_driver_allow_downgrade": True},
-                lambda: measured(
-                    f"driver {newest} -> {stack['driver']} (taken back)",
-                    upgrade_cli(inventory, hosts, runs),
-                    CLI_NODE_LINE,
-                    addresses,
-                    rate,
-                ),
-            )
-        if "venv" in changes:
-            # The lab's wheelhouse holds one vLLM, so the venv change is the venv built again from it (what
-            # `gpufleet rebuild --full` does to one node), rolled out through the playbook's own variables.
-            extra = {"upgrade_layers": ["venv"], "upgrade_extra_vars": {"rebuild_fresh_venv": True}}
-            measured(
-                "venv built again from the wheelhouse",
-                upgrade_playbook(inventory, hosts, runs, extra),
-                PLAYBOOK_NODE_LINE,
-                addresses,
+        newest = newest_standin_driver()
+        newer = {"gpufleet_stack": {**stack, "driver": newest}}
+        with_host_vars(
+            host_vars,
+            hosts,
+            newer,
+            lambda: measured(
+                f"driver {stack['driver']} -> {newest}",
+                upgrade_cli(inventory, hosts, runs),
+                CLI_NODE_LINE,
+                front.url,
+                log,
                 rate,
-            )
+            ),
+        )
+        # Back to the lab's declaration: a downgrade, which the driver role does only when allowed.
+        with_host_vars(
+            host_vars,
+            hosts,
+            {"nvidia_driver_allow_downgrade": True},
+            lambda: measured(
+                f"driver {newest} -> {stack['driver']} (taken back)",
+                upgrade_cli(inventory, hosts, runs),
+                CLI_NODE_LINE,
+                front.url,
+                log,
+                rate,
+            ),
+        )
     finally:
         if created and not any(host_vars.iterdir()):
             host_vars.rmdir()

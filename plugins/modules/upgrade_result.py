@@ -86,5 +86,5 @@ gpufleet_upgrade:
     state: {description: One line., type: str}
     restored: {description: As given., type: list, elements: str}
     not_restored: {description: As given., type: list, elements: str}
-    seconds: {description: Seconds since O(began), 0 without it., type: float}
+    seconds: {description: "Seconds since O(began); 0 without it.", type: float}
 """

@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import subprocess
+import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -19,7 +21,8 @@ import pytest
 
 from conftest import BIN, AnsibleRunner, run_ansible
 from gpufleet import PROJECT_ROOT
-from gpufleet.lab import mirror
+from gpufleet.lab import balancer, mirror
+from gpufleet.lab.config import load_config
 from gpufleet.lab.releases import RELEASES
 
 pytestmark = pytest.mark.lab
@@ -188,3 +191,40 @@ def test_down_and_up_cycles_repair_and_leave_nothing(separate_lab: SeparateLab) 
     twice = separate_lab.run("down")
     assert twice.returncode == 0, twice.stderr
     assert separate_lab.traces() == []
+
+
+def test_the_balancer_takes_a_drained_host_out_and_clients_see_no_failure(
+    ansible: AnsibleRunner, lab_hosts: dict[str, dict]
+) -> None:
+    """The lab's front door (gpufleet/lab/balancer.py) follows each host's /health: a drained host (its proxy answers
+    503) leaves the rotation within its check interval, and every completion through the balancer is answered."""
+    front = balancer.status(load_config())
+    assert front.running, "the lab's balancer does not run (gpufleet lab up starts it)"
+    log = load_config().lab_dir / "balancer" / "haproxy.log"
+    cache = Path(os.environ.get("GPUFLEET_CACHE") or "/var/cache/gpufleet")
+    key = (cache / "lab-secrets" / "proxy-api-key").read_text().strip()
+
+    def complete() -> int:
+        request = urllib.request.Request(
+            f"{front.url}/v1/completions",
+            data=json.dumps({"model": "tiny", "prompt": "A fleet", "max_tokens": 2}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return int(answer.status)
+
+    drained, other = sorted(lab_hosts)[:2]
+    drain = json.dumps({"reason": "balancer test", "since": "now"})
+    ansible(drained, "ansible.builtin.copy", f"content='{drain}' dest=/etc/gpufleet/drain mode=0644")
+    try:
+        time.sleep(3)  # one failed check (inter 1s, fall 1) takes it out
+        offset = log.stat().st_size
+        assert [complete() for _ in range(6)] == [200] * 6
+        with log.open("rb") as handle:
+            handle.seek(offset)
+            answered = re.findall(r" nodes/(\S+) .* 200 .*\"POST /v1/completions", handle.read().decode())
+        assert answered == [other] * 6, answered
+    finally:
+        ansible(drained, "ansible.builtin.file", "path=/etc/gpufleet/drain state=absent")
+    time.sleep(3)  # two passed checks (rise 2) put it back
+    assert [complete() for _ in range(2)] == [200, 200]
