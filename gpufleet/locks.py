@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -108,7 +109,11 @@ def fleet_operation(command: str, inventory: Path, break_lease: bool = False) ->
         finally:
             _current = None
             if operation.failed_limits:
-                give_back_leases(operation)
+                try:
+                    give_back_leases(operation)
+                except GpufleetError as error:
+                    # The run's own error is the one to report; this one is said beside it.
+                    print(f"gpufleet: could not give the node leases back: {error}", file=sys.stderr)
     finally:
         os.close(descriptor)
 
