@@ -6,13 +6,11 @@ answered 503."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from local_playbook import run_local_playbook
 
-REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = """
 - hosts: localhost
   connection: local
@@ -35,17 +33,9 @@ def cordon_state(tmp_path: Path, text: str | None) -> dict:
     state_dir.mkdir(parents=True)
     if text is not None:
         (state_dir / "cordon").write_text(text)
-    (tmp_path / "play.yml").write_text(PLAYBOOK)
-    variables = {
-        "inference_proxy_state_dir": str(state_dir),
-        "state_out": str(tmp_path / "cordon.json"),
-        "ansible_python_interpreter": str(REPO / ".venv/bin/python"),
-    }
-    (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", "play.yml", "-e", "@vars.json"]
-    result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    run_local_playbook(
+        tmp_path, PLAYBOOK, {"inference_proxy_state_dir": str(state_dir), "state_out": str(tmp_path / "cordon.json")}
+    )
     return json.loads((tmp_path / "cordon.json").read_text())
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from local_playbook import run_local_playbook
+
 PLAYBOOK = """
 - hosts: localhost
   connection: local
@@ -44,19 +44,16 @@ def test_the_version_in_service_before_a_retry_is_kept(tmp_path: Path) -> None:
     snapshot = tmp_path / "snapshot"
     snapshot.mkdir()
     (snapshot / "state.json").write_text(json.dumps({"links": {str(root / "tiny"): str(versions["b"])}}))
-    (tmp_path / "play.yml").write_text(PLAYBOOK)
-    variables = {
-        "model_store_root": str(root),
-        "model_store_snapshot_dir": str(snapshot),
-        "model_store_keep_versions": 2,
-        "model_store_model": {"name": "tiny", "sha256": "d" * 64},
-        "ansible_python_interpreter": str(REPO / ".venv/bin/python"),
-    }
-    (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", "play.yml", "-e", "@vars.json"]
-    result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    run_local_playbook(
+        tmp_path,
+        PLAYBOOK,
+        {
+            "model_store_root": str(root),
+            "model_store_snapshot_dir": str(snapshot),
+            "model_store_keep_versions": 2,
+            "model_store_model": {"name": "tiny", "sha256": "d" * 64},
+        },
+    )
     # D in service now, B the one before (and named by the snapshot): both stay; C, beyond the two kept, goes.
     assert sorted(path.name for path in root.iterdir() if not path.is_symlink()) == [
         "tiny-" + "b" * 16,
