@@ -8,13 +8,18 @@ VENV_STAMP := $(VENV)/.gpufleet-installed
 SANITY_WHEELS := $(VENV)/sanity-wheels
 SANITY_STAMP := $(SANITY_WHEELS)/.downloaded
 
-.PHONY: demo test venv lock deps lint unit sanity clean collection ee-context
+.PHONY: demo test test-slow venv lock deps lint unit sanity clean collection ee-context
 
 demo: venv deps
 	$(VENV)/bin/gpufleet demo
 
 test: venv deps $(SANITY_STAMP)
 	scripts/run-tests.sh
+
+# The whole suite with the long lab tests marked slow (the full rebuild, the Ray cluster): run before an issue that
+# touches them is resolved.
+test-slow: venv deps $(SANITY_STAMP)
+	GPUFLEET_TEST_SLOW=1 scripts/run-tests.sh
 
 # Creates or updates .venv from the locked requirements (every package pinned with its sha256: pip refuses any
 # other file); a no-op when they have not changed. gpufleet itself goes in editable, its dependencies from the lock.

@@ -19,6 +19,8 @@ LAB_HOSTS="$GPUFLEET_TEST_LAB_HOSTS"
 # (test_driver, the fabric manager and reboot tests); each release's root file system is built on the first run
 # and cached. GPUFLEET_TEST_LAB_OS=debian12 runs a Debian 12 lab only.
 LAB_OS="${GPUFLEET_TEST_LAB_OS:-debian12,debian13}"
+# `make test-slow` (GPUFLEET_TEST_SLOW=1) runs the lab tests marked slow too; `make test` leaves them out.
+if [ "${GPUFLEET_TEST_SLOW:-0}" = 1 ]; then selection=(); else selection=(-m "not slow"); fi
 declare -a stage_names=() stage_seconds=() stage_results=()
 failed=0
 
@@ -67,7 +69,7 @@ if run_stage "lab up (${LAB_HOSTS} hosts: ${LAB_OS})" gpufleet lab up --hosts "$
     [ -f "${scenario_dir}molecule.yml" ] || continue
     run_stage "molecule ${scenario}" molecule test -s "$scenario"
   done
-  run_stage "lab integration tests" python -m pytest -q --durations=30 tests/integration
+  run_stage "lab integration tests" python -m pytest -q --durations=30 "${selection[@]}" tests/integration
 else
   trap 'lab_down; summary' EXIT
 fi

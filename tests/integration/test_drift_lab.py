@@ -234,6 +234,7 @@ def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
     assert untouched not in changes
 
 
+@pytest.mark.slow
 def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
     fleet: tuple[Path, str, str], runs: Path
 ) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, AnsibleRunner, run_ansible
+from test_drift_support import run_playbooks
 from gpufleet import PROJECT_ROOT
 from gpufleet.lab import balancer, mirror
 from gpufleet.lab.config import load_config
@@ -194,10 +195,17 @@ def test_down_and_up_cycles_repair_and_leave_nothing(separate_lab: SeparateLab) 
 
 
 def test_the_balancer_takes_a_drained_host_out_and_clients_see_no_failure(
-    ansible: AnsibleRunner, lab_hosts: dict[str, dict]
+    ansible: AnsibleRunner, lab_inventory: Path, lab_hosts: dict[str, dict]
 ) -> None:
     """The lab's front door (gpufleet/lab/balancer.py) follows each host's /health: a drained host (its proxy answers
     503) leaves the rotation within its check interval, and every completion through the balancer is answered."""
+    # Both hosts serve (in the suite an earlier test may have left instances stopped: the serve layer starts them).
+    health = ansible(
+        "gpu_nodes", "ansible.builtin.shell", "curl -sk -o /dev/null -w '%{http_code}' https://127.0.0.1/health || true"
+    )
+    idle = sorted(host for host, result in health.items() if result["stdout"] != "200")
+    if idle:
+        run_playbooks(lab_inventory, ",".join(idle), ["serve", "proxy"])
     front = balancer.status(load_config())
     assert front.running, "the lab's balancer does not run (gpufleet lab up starts it)"
     log = load_config().lab_dir / "balancer" / "haproxy.log"
@@ -214,7 +222,9 @@ def test_the_balancer_takes_a_drained_host_out_and_clients_see_no_failure(
             return int(answer.status)
 
     drained, other = sorted(lab_hosts)[:2]
+    # The drain file inference_proxy's drain entry point writes (its directory exists once a node was drained).
     drain = json.dumps({"reason": "balancer test", "since": "now"})
+    ansible(drained, "ansible.builtin.file", "path=/etc/gpufleet state=directory mode=0755")
     ansible(drained, "ansible.builtin.copy", f"content='{drain}' dest=/etc/gpufleet/drain mode=0644")
     try:
         time.sleep(3)  # one failed check (inter 1s, fall 1) takes it out

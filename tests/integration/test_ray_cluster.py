@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gpufleet import PROJECT_ROOT
@@ -181,6 +182,7 @@ def remove_cluster(ansible: AnsibleRunner) -> None:
     )
 
 
+@pytest.mark.slow
 def test_the_lab_cluster_forms_runs_on_both_members_and_recovers_a_lost_worker(
     lab_inventory: Path, ansible: AnsibleRunner, tmp_path: Path
 ) -> None:
