@@ -4,11 +4,11 @@
 2. the first node tampered with in thirteen ways across eight layers, in one go: one drift run reports each on
    its layer with expected -> actual, the second node still reports no drift, `--since` lists the changes,
    and neither node's files changed during the drift run (manifests with sha256 and ctime, before and after);
-3. `gpufleet rebuild --limit NODE --full --reinstall driver,toolkit` takes the tampered node back to a clean
-   report: every layer built again (a new venv, the runfiles reinstalled, the damaged model staged again, the node
-   rebooted to load the declared driver) and serving again, without touching the other node. The plan of a rebuild
-   without --full (the drifted layers and those built on them) is tests/unit/test_drift_rebuild_plan.py's; one
-   rebuild here serves both, as each one costs minutes of the suite.
+3. `gpufleet rebuild --limit NODE` (the drifted layers and those built on them) takes the tampered node back to a
+   clean report without touching the other node, and leaves later test modules a clean node;
+4. (make test-slow) `gpufleet rebuild --limit NODE --full --reinstall driver,toolkit`: every layer built again (a
+   new venv, the runfiles reinstalled, the damaged model staged again, the node rebooted to load the declared
+   driver) and serving again, without touching the other node.
 
 The serve and proxy layers start vLLM and nginx, which other tests own; they are left out with --layers.
 """
@@ -232,6 +232,29 @@ def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
         in changes
     )
     assert untouched not in changes
+
+
+def test_a_rebuild_of_the_drifted_layers_takes_the_node_back(fleet: tuple[Path, str, str], runs: Path) -> None:
+    """The everyday repair: rebuild only what drift found (and the layers built on it). It also hands the next
+    test modules a clean node (make test leaves the full rebuild below to make test-slow)."""
+    inventory, tampered, untouched = fleet
+    # ECC errors are the GPU's own: no rebuild clears them (the report would keep them); the GPU is serviced.
+    rc, text = sh(inventory, tampered, f"{SIMGPUCTL} ecc-errors --gpu 0 0")
+    assert rc == 0, text
+    other_before = manifest(inventory, untouched)
+
+    result = gpufleet(runs, "rebuild", "-i", str(inventory), "--limit", tampered, "--layers", LAYERS)
+
+    assert result.returncode == 0, result.stdout[-8000:] + result.stderr
+    assert "(drifted layers and the layers built on them; models staged again from their tarballs: tiny-qwen2)" in (
+        result.stdout
+    )
+    report = last_report(runs)
+    assert list(report.nodes) == [tampered]
+    assert {layer: item.status for layer, item in report.nodes[tampered].layers.items()} == {
+        layer: "ok" for layer in LAYERS.split(",")
+    }
+    assert_unchanged(other_before, manifest(inventory, untouched), untouched)
 
 
 @pytest.mark.slow
