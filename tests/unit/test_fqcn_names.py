@@ -45,14 +45,14 @@ def short_names(text: str) -> list[str]:
 
 
 def test_the_scan_knows_gpufleet_plugins_and_catches_short_names() -> None:
-    assert {"drift_probe", "gpufleet_stack", "unsafe_values"} <= set(MODULES) | set(LOOKUPS) | set(filter_names())
-    text = "- drift_probe:\n    x: \"{{ lookup('gpufleet_stack', 'venv') | unsafe_values }}\"\n"
-    assert short_names(text) == ["drift_probe", "gpufleet_stack", "unsafe_values"]
+    assert {"drift_probe", "gpufleet_stack", "cordon_record"} <= set(MODULES) | set(LOOKUPS) | set(filter_names())
+    text = "- drift_probe:\n    x: \"{{ lookup('gpufleet_stack', 'venv') | cordon_record }}\"\n"
+    assert short_names(text) == ["drift_probe", "gpufleet_stack", "cordon_record"]
     assert (
         short_names(
             text.replace("drift_probe", "gpufleet.fleet.drift_probe")
             .replace("'gpufleet_stack'", "'gpufleet.fleet.gpufleet_stack'")
-            .replace("| unsafe_values", "| gpufleet.fleet.unsafe_values")
+            .replace("| cordon_record", "| gpufleet.fleet.cordon_record")
         )
         == []
     )

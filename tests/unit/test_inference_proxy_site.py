@@ -26,8 +26,8 @@ MOZILLA_INTERMEDIATE = (
 API_KEYS = ["client-one-0123456789abcdef", "client-two-0123456789abcdef"]
 VLLM_KEY = "vllm-own-key-0123456789abcdef"
 BASE = {
-    "inference_proxy_tls_cert": "CERT",
-    "inference_proxy_tls_key": "KEY",
+    "inference_proxy_tls_cert": "-----BEGIN CERTIFICATE-----\nQ0VSVA==\n-----END CERTIFICATE-----\n",
+    "inference_proxy_tls_key": "-----BEGIN PRIVATE KEY-----\nS0VZ\n-----END PRIVATE KEY-----\n",
     "inference_proxy_api_keys": API_KEYS,
     "inference_proxy_metrics_token": "metrics-token-0123456789",
     "inference_proxy_backends": [{"name": "main", "port": 8000}, {"name": "greedy", "port": 8001}],
@@ -176,7 +176,14 @@ def test_keys_that_could_add_a_directive_are_refused(tmp_path: Path, where: str,
         "api": "API key number 2 of inference_proxy_api_keys",
         "metrics": "inference_proxy_metrics_token",
     }[where]
-    assert f"{named} must be 16 or more characters" in output
+    # The role's value rules refuse what a key may not hold, naming the value's path; its own check what is short.
+    path = {
+        "instance": "inference_proxy_backends[main].api_key",
+        "default": "inference_proxy_backend_api_key",
+        "api": "inference_proxy_api_keys[1]",
+        "metrics": "inference_proxy_metrics_token",
+    }[where]
+    assert f"localhost: {path} " in output or f"{named} must be 16 or more characters" in output, output
     assert not (tmp_path / "site.conf").exists()
     if len(bad) > 5:
         assert bad not in result.stdout + result.stderr
@@ -196,7 +203,8 @@ def test_keys_that_could_add_a_directive_are_refused(tmp_path: Path, where: str,
 def test_values_that_could_add_a_directive_are_refused(tmp_path: Path, variable: str, value: object) -> None:
     result = run_role(tmp_path, {variable: value})
     assert result.returncode == 2
-    assert "Refuse values that are not what their nginx directive takes" in result.stdout
+    output = " ".join(result.stdout.split())
+    assert f"localhost: {variable}" in output and "(rule " in output, output
     assert not (tmp_path / "site.conf").exists()
 
 

@@ -1,7 +1,8 @@
 """Inventory values that reach unit files, environment files and nginx directives are refused before any host
-is touched when they hold a character that would change what is written (issue 12, item 8): a newline would
-add a directive. The filter unsafe_values is tested directly; the preflights of vllm_service and
-inference_proxy run for real through ansible-playbook against this machine (connection local, nothing written).
+is touched when they hold a character that would change what is written (issue 12, item 8; issue 29): a newline
+would add a directive. The roles' own preflights (which start with the action role_values, the rules of
+tests/unit/test_value_rules.py) run for real through ansible-playbook against this machine (connection local,
+nothing written).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_inventory import unsafe_values
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,38 +28,13 @@ PLAYBOOK = """
         tasks_from: preflight.yml
 """
 PROXY_BASE = {
-    "inference_proxy_tls_cert": "CERT",
-    "inference_proxy_tls_key": "KEY",
+    "inference_proxy_tls_cert": "-----BEGIN CERTIFICATE-----\nQ0VSVA==\n-----END CERTIFICATE-----\n",
+    "inference_proxy_tls_key": "-----BEGIN PRIVATE KEY-----\nS0VZ\n-----END PRIVATE KEY-----\n",
     "inference_proxy_api_keys": ["client-one-0123456789abcdef"],
     "inference_proxy_metrics_token": "metrics-token-0123456789",
     "inference_proxy_backends": [{"name": "main", "port": 8000}],
     "inference_proxy_backend_api_key": "vllm-own-key-0123456789abcdef",
 }
-
-
-def test_a_newline_anywhere_is_named_with_its_path_and_position() -> None:
-    values = {"vllm_service_instances": [{"name": "main", "model": "/m\nExecStartPre=/bin/sh", "env": {"A": "x\r"}}]}
-    assert unsafe_values(values) == [
-        "vllm_service_instances[main].model has U+000A (LINE FEED) at character 3",
-        "vllm_service_instances[main].env.A has U+000D (CARRIAGE RETURN) at character 2",
-    ]
-
-
-def test_keys_and_character_classes() -> None:
-    allowed = {r"x\.env\{\}": "[A-Za-z0-9_]", r"x\.name": "[a-z]"}
-    assert unsafe_values({"x": {"env": {"GOOD_1": "v", "BAD KEY": "v"}, "name": ""}}, allowed) == [
-        "a key of x.env has U+0020 (SPACE) at character 4, not one of [A-Za-z0-9_]",
-        "x.name is empty",
-    ]
-    # An item whose name is what is wrong is named by its index; numbers and booleans are not strings.
-    assert unsafe_values({"l": [{"name": "a\n", "port": 8000, "on": True}]}) == [
-        "l[0].name has U+000A (LINE FEED) at character 2"
-    ]
-
-
-def test_the_message_never_holds_the_value() -> None:
-    (message,) = unsafe_values({"k": SECRET + "\n"})
-    assert SECRET not in message
 
 
 def run_preflight(tmp_path: Path, role: str, variables: dict[str, object]) -> tuple[int, str]:
@@ -96,7 +70,7 @@ def run_preflight(tmp_path: Path, role: str, variables: dict[str, object]) -> tu
         ),
         (
             {"unit_overrides": {"User=root\nX": "1"}},
-            "a key of vllm_service_instances[main].unit_overrides has U+003D (EQUALS SIGN) at character 5",
+            "a key of vllm_service_instances[main].unit_overrides has U+000A (LINE FEED) at character 10",
         ),
         ({"env": {"A=B": "1"}}, "a key of vllm_service_instances[main].env has U+003D (EQUALS SIGN)"),
         ({"env": {"A": "1\nVLLM_API_KEY=x"}}, "vllm_service_instances[main].env.A has U+000A (LINE FEED)"),
@@ -106,7 +80,7 @@ def run_preflight(tmp_path: Path, role: str, variables: dict[str, object]) -> tu
 def test_vllm_service_refuses_values_that_add_a_line(tmp_path: Path, instance: dict, message: str) -> None:
     rc, output = run_preflight(tmp_path, "vllm_service", {"vllm_service_instances": [{**INSTANCE, **instance}]})
     assert rc == 2, output
-    assert f"vllm_service on localhost: {message}" in " ".join(output.split())
+    assert f"localhost: {message}" in " ".join(output.split())
     assert SECRET not in output
 
 
@@ -146,7 +120,8 @@ def test_vllm_service_passes_its_checks_with_sane_values(tmp_path: Path) -> None
         },
     )
     # It gets past every value check and stops only where it looks for the venv on this machine.
-    assert "Refuse values that would add a line" in output and "vllm_service on localhost:" not in output, output
+    assert "Refuse role variables its argument specs and value rules do not allow" in output, output
+    assert "localhost: vllm_service" not in output, output
 
 
 @pytest.mark.parametrize(
@@ -169,7 +144,7 @@ def test_vllm_service_passes_its_checks_with_sane_values(tmp_path: Path) -> None
 def test_inference_proxy_refuses_a_trailing_newline(tmp_path: Path, variable: str, value: object, message: str) -> None:
     rc, output = run_preflight(tmp_path, "inference_proxy", {**PROXY_BASE, variable: value})
     assert rc == 2, output
-    assert f"inference_proxy on localhost: {message}" in " ".join(output.split())
+    assert f"localhost: {message}" in " ".join(output.split())
     assert "client-one-0123456789abcdef" not in output
 
 
@@ -209,11 +184,69 @@ def test_flash_attn_refuses_package_values_that_run_code_or_add_a_line(
         {"flash_attn_packages": [{**KERNEL_PACKAGE, **package}], "flash_attn_venv": str(tmp_path / "no-venv")},
     )
     assert rc == 2, output
-    assert f"flash_attn on localhost: {message}" in " ".join(output.split())
+    assert f"localhost: {message}" in " ".join(output.split())
 
 
 def test_flash_attn_passes_its_checks_with_sane_values(tmp_path: Path) -> None:
     rc, output = run_preflight(
         tmp_path, "flash_attn", {"flash_attn_packages": [KERNEL_PACKAGE], "flash_attn_venv": str(tmp_path / "no-venv")}
     )
-    assert rc == 0 and "flash_attn on localhost:" not in output, output
+    assert rc == 0 and "localhost: flash_attn" not in output, output
+
+
+@pytest.mark.parametrize(
+    ("role", "variables", "message"),
+    [
+        # The review's reproductions (issue 29): each passed its role's preflight and was rendered.
+        (
+            "vllm_service",
+            {"vllm_service_instances": [INSTANCE], "vllm_service_memory_max": '64G\nExecStartPre=+/bin/sh -c "id"'},
+            "vllm_service_memory_max has U+000A (LINE FEED) at character 4 (rule memory_size?)",
+        ),
+        (
+            "vllm_service",
+            {"vllm_service_instances": [INSTANCE], "vllm_service_syscall_filter": ["@system-service\n[Service]"]},
+            "vllm_service_syscall_filter[0] has U+000A (LINE FEED) at character 16 (rule syscall_set)",
+        ),
+        (
+            "base",
+            {"base_sysctl": {"vm.swappiness": "1\nkernel.core_pattern = |/bin/sh -c id"}},
+            "base_sysctl.vm.swappiness has U+000A (LINE FEED) at character 2 (rule sysctl_value)",
+        ),
+        (
+            "base",
+            {"base_sysctl": {"kernel.core_pattern": "|/bin/sh -c id"}},
+            "base_sysctl.kernel.core_pattern has U+007C (VERTICAL LINE) at character 1",
+        ),
+        (
+            "pyenv_python",
+            {
+                "pyenv_python_versions": [
+                    {
+                        "version": "3.12.7",
+                        "url": "https://mirror/python/Python-3.12.7.tgz?$(id>/tmp/p)#.tgz",
+                        "sha256": "0" * 64,
+                        "definition": "inventory",
+                    }
+                ]
+            },
+            "pyenv_python_versions[0].url has U+0024 (DOLLAR SIGN) at character 41",
+        ),
+        (
+            "ray_cluster",
+            {"ray_cluster_group": "ray_lab", "ray_cluster_node_address": "10.0.0.1\n"},
+            "ray_cluster_node_address has U+000A (LINE FEED) at character 9 (rule host?)",
+        ),
+        (
+            "model_store",
+            {"model_store_models": [{"name": "..", "sha256": "0" * 64, "url": "https://mirror/m.tar.gz"}]},
+            "model_store_models[0].name must be a name: letters, digits, . _ -, starting with a letter or digit (rule name)",
+        ),
+    ],
+)
+def test_each_role_refuses_the_reviewed_values_by_name_and_rule(
+    tmp_path: Path, role: str, variables: dict, message: str
+) -> None:
+    rc, output = run_preflight(tmp_path, role, variables)
+    assert rc == 2, output
+    assert f"localhost: {message}" in " ".join(output.split()), output
