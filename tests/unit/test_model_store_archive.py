@@ -15,6 +15,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
+from ansible_collections.gpufleet.fleet.plugins.modules import archive_members
+
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = """
 - hosts: localhost
@@ -25,15 +29,25 @@ PLAYBOOK = """
 """
 
 
-def _tarball(path: Path) -> str:
+def _tarball(path: Path, extra: tuple[tarfile.TarInfo, ...] = ()) -> str:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for name, data in {"config.json": b'{"model_type": "qwen2"}', "model.safetensors": b"\0" * 4096}.items():
+            if any(member.name == name for member in extra):
+                continue
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+        for member in extra:
+            tar.addfile(member)
     path.write_bytes(buffer.getvalue())
     return hashlib.sha256(buffer.getvalue()).hexdigest()
+
+
+def _member(name: str, kind: bytes, target: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
 
 
 def _run(tmp_path: Path, models: list[dict], **extra: object) -> subprocess.CompletedProcess[str]:
@@ -86,3 +100,51 @@ def test_a_tarball_kept_on_purpose_is_root_only(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-4000:]
     kept = tmp_path / "node-cache" / digest / "tiny.tar.gz"
     assert kept.is_file() and oct(kept.stat().st_mode & 0o777) == "0o640"
+
+
+@pytest.mark.parametrize(
+    ("member", "said"),
+    [
+        # The review's reproduction: root copied the link's target into .gpufleet-original, readable by vllm.
+        (_member("config.json", tarfile.SYMTYPE, "SECRET"), "'config.json' is a symbolic link"),
+        (_member("model.safetensors", tarfile.LNKTYPE, "SECRET"), "'model.safetensors' is a hard link"),
+        (_member("../escape.json", tarfile.REGTYPE), "'../escape.json' has a .. component"),
+        (_member("/etc/escape.json", tarfile.REGTYPE), "'/etc/escape.json' has an absolute path"),
+        (_member("nvidia0", tarfile.CHRTYPE), "'nvidia0' is a device or a FIFO"),
+    ],
+)
+def test_a_tarball_that_could_reach_outside_its_tree_is_refused_with_nothing_written(
+    tmp_path: Path, member: tarfile.TarInfo, said: str
+) -> None:
+    secret = tmp_path / "root-only-secret"
+    secret.write_text("root-only secret")
+    secret.chmod(0o600)
+    if member.linkname == "SECRET":
+        member.linkname = str(secret)
+    tarball = tmp_path / "evil.tar.gz"
+    digest = _tarball(tarball, (member,))
+    result = _run(tmp_path, [{"name": "evil", "path": str(tarball), "sha256": digest}])
+    output = " ".join(result.stdout.split())
+    assert result.returncode != 0 and said in output and "nothing was unpacked" in output, result.stdout[-3000:]
+    models = tmp_path / "models"
+    written = [path for path in models.rglob("*") if path.is_file()] if models.exists() else []
+    assert written == [], "nothing of the tarball was written"
+    assert not (tmp_path / "escape.json").exists() and not Path("/etc/escape.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("member", "links", "refused"),
+    [
+        (_member("bin/python3", tarfile.SYMTYPE, "python3.12"), "inside", False),
+        (_member("lib/libpython.so", tarfile.SYMTYPE, "../lib/libpython3.12.so"), "inside", False),
+        (_member("bin/python3", tarfile.SYMTYPE, "../../usr/bin/python3"), "inside", True),
+        (_member("bin/python3", tarfile.SYMTYPE, "/usr/bin/python3"), "inside", True),
+        (_member("bin/python3", tarfile.LNKTYPE, "bin/python3.12"), "inside", False),
+        (_member("bin/python3", tarfile.LNKTYPE, "../etc/passwd"), "inside", True),
+        (_member("bin/python3", tarfile.SYMTYPE, "python3.12"), "refuse", True),
+    ],
+)
+def test_links_inside_the_tree_are_allowed_where_a_build_needs_them(
+    member: tarfile.TarInfo, links: str, refused: bool
+) -> None:
+    assert (archive_members.problem(member, 0, links) is not None) is refused
