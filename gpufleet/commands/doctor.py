@@ -202,6 +202,11 @@ def diagnose(evidence: dict[str, Any], signatures: list[dict[str, Any]]) -> list
     return findings
 
 
+def printable(text: Any) -> str:
+    """Node text (journal lines, evidence) with control characters escaped: no terminal escape reaches the screen."""
+    return "".join(character if character.isprintable() else repr(character)[1:-1] for character in str(text))
+
+
 def format_findings(node: str, findings: list[dict[str, Any]]) -> str:
     if not findings:
         return "%s: no known failure signature found" % node
@@ -209,7 +214,14 @@ def format_findings(node: str, findings: list[dict[str, Any]]) -> str:
     for number, finding in enumerate(findings, 1):
         blocks.append(
             "%d. %s\n   evidence (%s): %s\n   cause: %s\n   fix: %s"
-            % (number, finding["id"], finding["where"], finding["evidence"], finding["cause"], finding["fix"])
+            % (
+                number,
+                finding["id"],
+                printable(finding["where"]),
+                printable(finding["evidence"]),
+                finding["cause"],
+                finding["fix"],
+            )
         )
     return "\n".join(blocks)
 

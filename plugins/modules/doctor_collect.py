@@ -146,6 +146,12 @@ def proxy_keys(proxy_config: str) -> list[str] | None:
     return sorted(set(re.findall(r'proxy_set_header Authorization "Bearer ([^"]*)";', text)))
 
 
+def loopback_port(argv: list[str]) -> str | None:
+    """The instance's --port, when it is only digits: the key is never sent anywhere but to loopback."""
+    port = option(argv, "--port")
+    return port if port and port.isdigit() else None
+
+
 def http_status(port: str, key: str) -> str:
     """vLLM's answer to GET /v1/models with the proxy's key, on loopback where it listens."""
     try:
@@ -194,7 +200,8 @@ def instance(module: AnsibleModule, name: str, keys: list[str] | None) -> dict[s
         "proxy_key": None,
     }
     required = env_key(params["config_dir"], name)
-    if keys is not None and required is not None and port:
+    probe_port = loopback_port(argv)
+    if keys is not None and required is not None and probe_port:
         matching = [key for key in keys if key == required]
         # The proxy sends one of its keys to this instance: a probe with each that is not vLLM's shows the 401.
         others = [key for key in keys if key != required]
@@ -203,7 +210,7 @@ def instance(module: AnsibleModule, name: str, keys: list[str] | None) -> dict[s
             "matches": bool(matching),
             "proxy_key_ids": [fingerprint(key) for key in keys],
             "vllm_key_id": fingerprint(required),
-            "http_status": http_status(port, probe),
+            "http_status": http_status(probe_port, probe),
         }
     return result
 

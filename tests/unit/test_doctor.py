@@ -246,3 +246,25 @@ def test_a_swapped_torch_that_does_not_import_is_named_by_its_distribution() -> 
     # The same torch of the declared variant, importable or not, is no variant finding.
     evidence["torch"]["torch"]["distribution_version"] = "2.13.0+cpu"
     assert "torch-variant-changed" not in ids(evidence)
+
+
+def test_node_text_is_printed_with_its_control_characters_escaped() -> None:
+    finding = {
+        "id": "xid-79",
+        "where": "journal\x1b[2J",
+        "evidence": "NVRM: Xid 79\x1b]0;owned\x07 fallen off the bus",
+        "cause": "c",
+        "fix": "f",
+    }
+    text = format_findings("node-1", [finding])
+    assert "\x1b" not in text and "\x07" not in text
+    assert "evidence (journal\\x1b[2J): NVRM: Xid 79\\x1b]0;owned\\x07 fallen off the bus" in text
+
+
+def test_a_key_is_probed_only_on_a_port_of_digits() -> None:
+    from ansible_collections.gpufleet.fleet.plugins.modules.doctor_collect import loopback_port
+
+    assert loopback_port(["vllm", "serve", "m", "--port", "8000"]) == "8000"
+    # A port the node's unit could hold that would send the proxy's key elsewhere: http://127.0.0.1:8000@evil/
+    assert loopback_port(["vllm", "serve", "m", "--port", "8000@evil.example"]) is None
+    assert loopback_port(["vllm", "serve", "m"]) is None

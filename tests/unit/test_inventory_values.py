@@ -250,3 +250,33 @@ def test_each_role_refuses_the_reviewed_values_by_name_and_rule(
     rc, output = run_preflight(tmp_path, role, variables)
     assert rc == 2, output
     assert f"localhost: {message}" in " ".join(output.split()), output
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "message"),
+    [
+        (["--host", "0.0.0.0"], "--host (the listener stays on vllm_service_host"),
+        (["--api-key=sk-0123456789abcdef"], "--api-key (the key goes in the instance's environment file"),
+        (["--trust_remote_code"], "--trust-remote-code (set the field trust_remote_code)"),
+        (["--trust-remote"], "--trust-remote-code (set the field trust_remote_code)"),
+        (["--allowed-local-media-path", "/"], "--allowed-local-media-path (clients would read the node's files"),
+        (["--max-model-len", "4096"], "--max-model-len (set the field max_model_len)"),
+    ],
+)
+def test_extra_args_that_override_a_field_or_the_hardening_are_refused_by_name(
+    tmp_path: Path, extra_args: list[str], message: str
+) -> None:
+    rc, output = run_preflight(
+        tmp_path, "vllm_service", {"vllm_service_instances": [{**INSTANCE, "extra_args": extra_args}]}
+    )
+    assert rc == 2, output
+    assert f"localhost: vllm@main: extra_args may not hold {message}" in " ".join(output.split()), output
+    assert "sk-0123456789abcdef" not in output
+
+
+def test_extra_args_of_other_flags_pass() -> None:
+    from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_vllm import overridden_flags
+
+    refused = {"--host": "h", "--trust-remote-code": "t", "--port": "p"}
+    assert overridden_flags(["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "-O3"], refused) == []
+    assert overridden_flags(["--hostname-check", "--p"], refused) == []
