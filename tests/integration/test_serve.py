@@ -675,6 +675,9 @@ def test_metrics_need_their_own_token(served_lab: ServedLab) -> None:
     assert status == 200 and sum(line.startswith("vllm:") for line in text.splitlines()) > 100
     assert https(address, "/metrics/main", served_lab.api_key, port=9443)[0] == 401
     assert https(address, "/metrics", served_lab.api_key)[0] == 404
+    # vLLM answers any path under /metrics: only its OpenAI API is open to an inference key (issue 29, L1).
+    for path in ("/metrics/", "/metrics/x", "/instances/main/metrics", "/tokenize", "/v1/../metrics", "/docs"):
+        assert https(address, path, served_lab.api_key)[0] == 404, path
 
 
 @pytest.fixture(scope="session")

@@ -226,3 +226,15 @@ def test_the_drain_files_follow_the_state_dir(tmp_path: Path) -> None:
     site = render(tmp_path, inference_proxy_state_dir="/srv/state", inference_proxy_drain_retry_after=5)
     assert "if (-f /srv/state/cordon)" in site and "if (-f /srv/state/drain)" in site
     assert "Retry-After 5 always" in site
+
+
+def test_only_the_openai_api_is_forwarded(site: str) -> None:
+    """vLLM answers any path under /metrics and exposes /tokenize, /docs and development endpoints: the API port
+    forwards /v1/ (and /health) only (issue 29, L1)."""
+    api, _ = servers(site)
+    (root,) = blocks(api, "/")
+    assert 'if ($uri !~ "^/v1/") {\n            return 404' in root
+    assert root.index("return 404") < root.index("auth_request"), "refused before anything is forwarded"
+    (instance,) = blocks(api, "/instances/main/v1/")
+    assert "proxy_pass http://gpufleet_vllm_main/v1/;" in instance
+    assert "location /instances/main/ {" not in api
