@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +18,16 @@ from gpufleet.errors import GpufleetError
 from gpufleet.locks import LEASED_PLAYBOOKS, current_operation
 
 STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
+# What of the operator's environment a playbook run gets (ansible-runner writes the whole of it into every run's
+# record, artifacts/<ident>/command): Ansible's and gpufleet's settings, the SSH agent, locale, proxies. Not
+# HF_TOKEN, cloud keys or anything else exported in the shell. GPUFLEET_RUN_ENVIRONMENT adds names (spaces).
+ALLOWED_ENVIRONMENT = (
+    r"PATH|HOME|USER|LOGNAME|SHELL|TERM|TZ|TMPDIR|LANG|LANGUAGE|LC_[A-Z]+|SSH_AUTH_SOCK|VIRTUAL_ENV|"
+    r"ANSIBLE_[A-Z0-9_]+|GPUFLEET_[A-Z0-9_]+|(?:http|https|no)_proxy|(?:HTTP|HTTPS|NO)_PROXY|PYTHONPATH"
+)
+# How many runs' records runs_dir() keeps (GPUFLEET_KEEP_RUNS): the oldest beyond go after each run.
+DEFAULT_KEEP_RUNS = 200
+RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-")
 
 
 def runs_dir() -> Path:
@@ -31,6 +44,42 @@ def make_run_dir(path: Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise GpufleetError(_unwritable(path, "permission denied"))
     return path
+
+
+def run_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The allow-listed part of environ (ALLOWED_ENVIRONMENT and the names GPUFLEET_RUN_ENVIRONMENT lists)."""
+    extra = set(environ.get("GPUFLEET_RUN_ENVIRONMENT", "").split())
+    return {name: value for name, value in environ.items() if re.fullmatch(ALLOWED_ENVIRONMENT, name) or name in extra}
+
+
+@contextmanager
+def only_environment(environment: dict[str, str]) -> Iterator[None]:
+    """os.environ is `environment` inside the block: ansible-runner seeds a run's environment (and its record)
+    with a copy of os.environ."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environment)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def prune_runs(root: Path, keep: int) -> list[Path]:
+    """Removes the oldest run directories of root beyond `keep` (by their time-stamped names); what it removed."""
+    runs = sorted(path for path in root.iterdir() if path.is_dir() and RUN_ID.match(path.name)) if root.is_dir() else []
+    removed = runs[: max(len(runs) - keep, 0)]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def keep_runs() -> int:
+    text = os.environ.get("GPUFLEET_KEEP_RUNS", str(DEFAULT_KEEP_RUNS))
+    if not text.isdigit() or int(text) < 1:
+        raise GpufleetError(f"GPUFLEET_KEEP_RUNS={text!r}: give how many runs' records to keep, a number >= 1")
+    return int(text)
 
 
 def _unwritable(path: Path, why: str) -> str:
@@ -112,26 +161,29 @@ def run_playbook(
     operation = current_operation()
     if operation and playbook in LEASED_PLAYBOOKS:
         extravars = {**operation.extravars(), **(extravars or {})}
-    runner = ansible_runner.run(
-        private_data_dir=str(private_dir),
-        project_dir=str(PROJECT_ROOT),
-        playbook=str(playbook_path),
-        inventory=str(inventory.absolute()),  # not resolve(): group_vars sit beside a linked file
-        limit=limit,
-        tags=tags,
-        cmdline=cmdline or None,
-        extravars=extravars or {},
-        # The collection's own path only: a copy installed elsewhere must not stand in for this one.
-        envvars={
-            "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
-            "ANSIBLE_COLLECTIONS_PATH": str(collections_dir()),
-            **(envvars or {}),
-        },
-        quiet=quiet,
-        event_handler=event_handler,
-    )
+    keep = keep_runs()
+    with only_environment(run_environment(dict(os.environ))):
+        runner = ansible_runner.run(
+            private_data_dir=str(private_dir),
+            project_dir=str(PROJECT_ROOT),
+            playbook=str(playbook_path),
+            inventory=str(inventory.absolute()),  # not resolve(): group_vars sit beside a linked file
+            limit=limit,
+            tags=tags,
+            cmdline=cmdline or None,
+            extravars=extravars or {},
+            # The collection's own path only: a copy installed elsewhere must not stand in for this one.
+            envvars={
+                "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
+                "ANSIBLE_COLLECTIONS_PATH": str(collections_dir()),
+                **(envvars or {}),
+            },
+            quiet=quiet,
+            event_handler=event_handler,
+        )
     if operation and playbook in LEASED_PLAYBOOKS and int(runner.rc) != 0:
         operation.failed_limits.append(limit)
+    prune_runs(private_dir.parent, keep)
     return PlaybookResult(
         rc=int(runner.rc),
         status=str(runner.status),

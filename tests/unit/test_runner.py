@@ -1,5 +1,6 @@
 """The playbook runner's summary and the provision command's input checks."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,35 @@ def test_provision_refuses_a_missing_inventory(tmp_path: Path, capsys: pytest.Ca
     err = capsys.readouterr().err
     assert rc == 1
     assert "nowhere.yml does not exist" in err and "gpufleet lab up" in err
+
+
+def test_a_run_keeps_no_operator_secret_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ansible-runner writes its whole environment into artifacts/<ident>/command: only the allow-list goes there
+    (issue 29, M11). A real run of preflight.yml, which fails on the controller (no stack declared)."""
+    from gpufleet.runner import run_playbook
+
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("gpu_nodes:\n  hosts:\n    node-1:\n      ansible_connection: local\n")
+    monkeypatch.setenv("HF_TOKEN", "hf_operator_marker_0123456789")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws_operator_marker_0123456789")
+    monkeypatch.setenv("ANSIBLE_TIMEOUT", "31")
+    monkeypatch.setenv("GPUFLEET_RUN_ENVIRONMENT", "EXTRA_ALLOWED")
+    monkeypatch.setenv("EXTRA_ALLOWED", "allowed_marker")
+    result = run_playbook("preflight.yml", inventory, quiet=True, runs_root=tmp_path / "runs")
+    assert result.rc != 0, "no stack declared: preflight fails, after the run was recorded"
+    records = [path.read_text(errors="replace") for path in (tmp_path / "runs").rglob("*") if path.is_file()]
+    command = next(text for text in records if '"env"' in text and '"command"' in text)
+    assert "ANSIBLE_TIMEOUT" in command and "allowed_marker" in command
+    assert not any("operator_marker" in text for text in records)
+    assert os.environ["HF_TOKEN"] == "hf_operator_marker_0123456789", "the CLI's own environment is given back"
+
+
+def test_runs_beyond_the_kept_number_are_removed_oldest_first(tmp_path: Path) -> None:
+    from gpufleet.runner import prune_runs
+
+    names = ["20261201T000000-1-site", "20261202T000000-2-drift", "20261203T000000-3-site", "notes"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    removed = prune_runs(tmp_path, 2)
+    assert [path.name for path in removed] == ["20261201T000000-1-site"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(names[1:])
