@@ -429,6 +429,51 @@ def test_a_config_nginx_rejects_leaves_the_live_one_serving(served_lab: ServedLa
     assert ansible(host, "ansible.builtin.command", f"sha256sum {' '.join(live)}")[host]["stdout"] == before
 
 
+def test_a_key_removed_in_a_run_that_failed_before_the_reload_is_refused_after_the_next(
+    served_lab: ServedLab, ansible: AnsibleRunner, tmp_path: Path
+) -> None:
+    """A run that fails after the proxy's files were written, before nginx reloaded them, lost the reload: the
+    next run found the files unchanged and never reloaded, so a removed client key stayed valid (review M6)."""
+    host, address = served_lab.first, served_lab.addresses[served_lab.first]
+    extra_key = "extra-client-key-0123456789abcdef"
+    with_extra = json.dumps({"inference_proxy_api_keys": [served_lab.api_key, extra_key]})
+    run_playbooks(served_lab.inventory, ["proxy.yml"], "--limit", host, "-e", with_extra)
+    assert https(address, "/v1/models", extra_key)[0] == 200
+    broken = "/etc/nginx/conf.d/zz-operator-broken.conf"
+    ansible(host, "ansible.builtin.copy", f"dest={broken} content='this is not nginx;' mode=0644")
+    try:
+        # The key goes from the inventory; the run writes the site, then fails at nginx -t of the live set.
+        failed = subprocess.run(
+            [str(BIN / "ansible-playbook"), "-i", str(served_lab.inventory), "--limit", host]
+            + [str(PROJECT_ROOT / "playbooks" / "proxy.yml")],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=900,
+            check=False,
+            env={**os.environ, "ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"},
+        )
+        assert failed.returncode == 2 and "Test the live nginx configuration" in failed.stdout
+        assert https(address, "/v1/models", extra_key)[0] == 200, "nginx still runs the old site"
+    finally:
+        ansible(host, "ansible.builtin.file", f"path={broken} state=absent")
+    drift = subprocess.run(
+        [str(BIN / "gpufleet"), "drift", "-i", str(served_lab.inventory), "--limit", host, "--layers", "proxy"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "GPUFLEET_RUNS_DIR": str(tmp_path)},
+        timeout=600,
+        check=False,
+    )
+    assert drift.returncode == 2 and "file /etc/nginx/gpufleet-inference-staged/loaded.json" in drift.stdout, (
+        drift.stdout
+    )
+    run_playbooks(served_lab.inventory, ["proxy.yml"], "--limit", host)
+    assert https(address, "/v1/models", extra_key)[0] == 401
+    assert https(address, "/v1/models", served_lab.api_key)[0] == 200
+
+
 # --- the service under systemd ------------------------------------------------------------------------------------
 
 
