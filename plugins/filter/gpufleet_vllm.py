@@ -9,10 +9,9 @@ DOCUMENTATION = r"""
 name: vllm_flags_overridden
 short_description: The refused vLLM flags an instance's extra_args hold
 description:
-  - Returns one line per instance whose extra_args name a refused flag (C(--flag) or C(--flag=VALUE)): each such
-    flag with why, never the flag's value (C(--api-key=KEY)). vLLM's
-    parser reads C(_) as C(-) and takes any unambiguous prefix of a flag, so C(--trust_remote_code) and
-    C(--trust-remote) count as C(--trust-remote-code).
+  - "Returns one line per instance whose extra_args name a refused flag (C(--flag) or C(--flag=VALUE)), each such
+    flag with why, never the flag's value (C(--api-key=KEY)). vLLM's parser reads C(_) as C(-) and takes any
+    unambiguous prefix of a flag, so C(--trust_remote_code) and C(--trust-remote) count as C(--trust-remote-code)."
 options:
   _input:
     description: The instances (each a mapping with C(name) and C(extra_args)).

@@ -39,6 +39,7 @@ READ_ONLY_MODULES = frozenset(
             "torch_stack_info",
             "stack_host_check",
             "stack_validate",
+            "role_values",
         )
     }
     | {
