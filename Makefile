@@ -22,12 +22,11 @@ test-slow: venv deps $(SANITY_STAMP)
 	GPUFLEET_TEST_SLOW=1 scripts/run-tests.sh
 
 # Creates or updates .venv from the locked requirements (every package pinned with its sha256: pip refuses any
-# other file); a no-op when they have not changed. gpufleet itself goes in editable, its dependencies from the lock.
+# other file; the venv's own pip installs them, no unpinned upgrade of it first); a no-op when they have not changed. gpufleet itself goes in editable, its dependencies from the lock.
 venv: $(VENV_STAMP)
 
 $(VENV_STAMP): requirements.txt pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet --require-hashes -r requirements.txt
 	$(VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@

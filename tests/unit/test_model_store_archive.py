@@ -148,3 +148,13 @@ def test_links_inside_the_tree_are_allowed_where_a_build_needs_them(
     member: tarfile.TarInfo, links: str, refused: bool
 ) -> None:
     assert (archive_members.problem(member, 0, links) is not None) is refused
+
+
+def test_a_url_is_recorded_without_its_credentials() -> None:
+    from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_urls import url_without_credentials
+
+    assert (
+        url_without_credentials("https://user:secret@mirror.example:8443/m/tiny.tar.gz?X-Amz-Signature=abc#x")
+        == "https://mirror.example:8443/m/tiny.tar.gz"
+    )
+    assert url_without_credentials("/srv/models/tiny.tar.gz") == "/srv/models/tiny.tar.gz"
