@@ -1,4 +1,5 @@
-"""No secret in any run record, log, report or process list (issue 12, item 3).
+"""No secret in any run record, log, report or process list (issue 12, item 3; issue 29: nor a secret exported in
+the operator's environment).
 
 The lab has per-instance keys (instance greedy has its own api_key, main uses vllm_service_api_key), a proxy
 key, a metrics token and a TLS key per host, all made by the lab. One `gpufleet provision` of the model,
@@ -66,9 +67,17 @@ def watch_command_lines(process: subprocess.Popen, seen: set[str]) -> None:
         threading.Event().wait(0.2)
 
 
+# A secret the operator exported in the shell gpufleet runs from (a Hugging Face token, a cloud key): ansible-runner
+# used to write the whole environment into every run's record (issue 29, M11).
+OPERATOR_SECRETS = {
+    "HF_TOKEN": "hf_operator_marker_5f1c0ffee0123456789",
+    "AWS_SECRET_ACCESS_KEY": "aws_marker_9a8b7c6d5e",
+}
+
+
 def gpufleet(runs: Path, *arguments: str, seen: set[str]) -> str:
     # ANSIBLE_VERBOSITY=1: what `-v` prints goes into the run's stdout record too.
-    env = dict(os.environ, GPUFLEET_RUNS_DIR=str(runs), ANSIBLE_VERBOSITY="1")
+    env = dict(os.environ, GPUFLEET_RUNS_DIR=str(runs), ANSIBLE_VERBOSITY="1", **OPERATOR_SECRETS)
     process = subprocess.Popen(
         [str(BIN / "gpufleet"), *arguments],
         stdout=subprocess.PIPE,
@@ -125,7 +134,7 @@ def test_no_secret_in_run_records_journal_or_process_lists(
             seen=seen,
         ),
     }
-    secrets = lab_secrets(hosts)
+    secrets = lab_secrets(hosts) | {f"the operator's {name}": value for name, value in OPERATOR_SECRETS.items()}
     # The lab really has per-instance keys, and the instances run with them: else there is nothing to find.
     assert secrets["vllm-api-key-greedy"] != secrets["vllm-api-key"]
     for host in hosts:
