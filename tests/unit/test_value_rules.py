@@ -8,6 +8,7 @@ test_every_option_has_a_rule, and every rule of every role is fed hostile values
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,41 @@ def test_a_key_is_named_as_a_key_and_an_item_by_its_name() -> None:
 def test_every_rule_accepts_a_typical_value() -> None:
     assert sorted(TYPICAL) == sorted(RULES), "a typical value for every rule"
     assert {name: value_rules.check_text(text, name) for name, text in TYPICAL.items()} == dict.fromkeys(RULES)
+
+
+def systemd_words(line: str) -> list[str]:
+    """The words of a unit's command line as systemd reads them: double-quoted, backslash escapes, %% and $$."""
+    words = re.findall(r'"((?:[^"\\]|\\.)*)"', line)
+    return [re.sub(r"\\(.)", r"\1", word).replace("%%", "%").replace("$$", "$") for word in words]
+
+
+def env_values(text: str) -> dict[str, str]:
+    """An environment file's KEY="VALUE" lines as systemd reads double-quoted values (\\" and \\\\ escaped)."""
+    found = {}
+    for line in text.splitlines():
+        match = re.fullmatch(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"', line)
+        if match:
+            found[match.group(1)] = re.sub(r"\\(.)", r"\1", match.group(2))
+    return found
+
+
+def test_free_text_is_rendered_quoted() -> None:
+    """Every printable hostile value the `text` rule lets through, in an instance's extra_args and environment,
+    comes back from the rendered drop-in and environment file as itself: one argument, one variable, no new line
+    or directive."""
+    from test_vllm_service_devices import ENV_TEMPLATE, FIRST, INSTANCE, ROLE, render
+
+    free = [HOSTILE[label] for label in sorted(FREE)] + ['quote " and backslash \\ and %h and $HOME and ${X}']
+    instance = {**INSTANCE, "extra_args": free, "env": {f"FREE_{index}": text for index, text in enumerate(free)}}
+    dropin = render(
+        ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.d" / "gpufleet.conf.j2",
+        vllm_service_instances=[instance],
+        vllm_service_instance=FIRST,
+        ansible_facts={"memtotal_mb": 24000},
+    )
+    exec_lines = [line for line in dropin.splitlines() if line.startswith("ExecStart=")]
+    assert exec_lines[0] == "ExecStart=" and len(exec_lines) == 2
+    assert systemd_words(exec_lines[1])[-len(free) :] == free
+    assert not any(line.startswith("[") for line in dropin.splitlines()[1:] if line != "[Service]")
+    env = render(ENV_TEMPLATE, vllm_service_instances=[instance], vllm_service_instance=FIRST)
+    assert {key: value for key, value in env_values(env).items() if key.startswith("FREE_")} == instance["env"]
