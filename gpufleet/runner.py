@@ -119,8 +119,11 @@ class PlaybookResult:
 
 
 def host_counters(stats: dict | None) -> dict[str, dict[str, int]]:
-    """Turns ansible's final stats ({"ok": {"host": n}, ...}) into {"host": {"ok": n, ...}}."""
-    stats = stats or {}
+    """Turns ansible's final stats ({"ok": {"host": n}, ...}) into {"host": {"ok": n, ...}}. ansible-runner
+    calls the unreachable hosts `dark`."""
+    stats = dict(stats or {})
+    if "dark" in stats:
+        stats["unreachable"] = stats["dark"]
     hosts = sorted({host for key in STAT_KEYS for host in (stats.get(key) or {})})
     return {host: {key: int((stats.get(key) or {}).get(host, 0)) for key in STAT_KEYS} for host in hosts}
 
@@ -203,6 +206,29 @@ def failure_lines(events: Iterable[dict]) -> list[str]:
         message = str((data.get("res") or {}).get("msg") or "failed").strip().splitlines() or ["failed"]
         lines.append(f"{data.get('host')}: {data.get('task')}: {message[0][:400]}")
     return lines
+
+
+def first_error(result: PlaybookResult) -> str:
+    """The first ERROR line Ansible printed in the run (a vault password missing, a playbook it cannot load)."""
+    stdout = result.artifacts / "stdout"
+    text = stdout.read_text(errors="replace") if stdout.is_file() else ""
+    lines = [line.strip() for line in text.splitlines() if line.lstrip().startswith(("ERROR!", "[ERROR]"))]
+    return lines[0] if lines else ""
+
+
+def require_hosts(result: PlaybookResult, inventory: Path, limit: str | None) -> None:
+    """A run that reached no host did nothing: say why, never "successful" (an inventory that does not parse,
+    no gpu_nodes group, a --limit that matches nothing, a vault password missing)."""
+    if result.hosts:
+        return
+    error = first_error(result)
+    if error:
+        raise GpufleetError(f"the run stopped before any host: {error} (run records in {result.artifacts})")
+    matching = f" matching --limit {limit}" if limit else ""
+    raise GpufleetError(
+        f"the run reached no host: {inventory} has no host in group gpu_nodes{matching}, or does not parse; "
+        f"see what Ansible reads with `ansible-inventory -i {inventory} --graph`"
+    )
 
 
 def format_summary(result: PlaybookResult) -> str:

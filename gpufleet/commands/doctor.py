@@ -21,7 +21,7 @@ import yaml
 
 from gpufleet import PROJECT_ROOT
 from gpufleet.errors import GpufleetError
-from gpufleet.runner import run_playbook
+from gpufleet.runner import first_error, run_playbook
 
 SIGNATURES = PROJECT_ROOT / "data" / "doctor" / "signatures.yml"
 EXIT_HEALTHY, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREAD = 0, 1, 2, 3
@@ -254,7 +254,9 @@ def read_node(inventory: Path, node: str) -> dict[str, Any]:
     if node in catcher.evidence:
         return catcher.evidence[node]
     if not result.hosts:
-        raise GpufleetError("no host of %s matches --limit %s" % (inventory, node), exit_code=EXIT_USAGE)
+        # Ansible stopped before any host (a vault password missing) or the limit matched nothing.
+        error = first_error(result)
+        raise GpufleetError(error or "no host of %s matches --limit %s" % (inventory, node), exit_code=EXIT_USAGE)
     raise GpufleetError(
         "could not read %s: %s" % (node, catcher.failures.get(node, "ansible ended %s" % result.status)),
         exit_code=EXIT_UNREAD,

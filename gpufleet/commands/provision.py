@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufleet import layers
+from gpufleet.errors import GpufleetError
 from gpufleet.progress import add_verbose_flag, progress_options
-from gpufleet.runner import format_summary, run_playbook
+from gpufleet.runner import format_summary, require_hosts, run_playbook
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +22,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def check_tags(tags: str | None) -> None:
+    """An unknown tag would run the preflight alone and "succeed"."""
+    known = layers.rebuildable()
+    unknown = [tag for tag in (tags or "").split(",") if tag.strip() and tag.strip() not in known]
+    if unknown:
+        raise GpufleetError(f"--tags {tags}: no layer {', '.join(unknown)}; the layers are {', '.join(known)}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_tags(args.tags)
     result = run_playbook(
         "site.yml",
         args.inventory,
@@ -30,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         diff=args.diff,
         **progress_options(args.verbose or args.diff),
     )
+    require_hosts(result, args.inventory, args.limit)
     print()
     print(format_summary(result))
     return 0 if result.rc == 0 else 1

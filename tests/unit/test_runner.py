@@ -33,7 +33,8 @@ def test_summary_lists_every_host_and_the_failed_ones() -> None:
         rc=2,
         status="failed",
         artifacts=Path("/tmp/run"),
-        hosts=host_counters({"ok": {"lab-1": 5, "lab-2": 4}, "changed": {"lab-1": 2}, "unreachable": {"lab-2": 1}}),
+        # ansible-runner's stats name unreachable hosts `dark`.
+        hosts=host_counters({"ok": {"lab-1": 5, "lab-2": 4}, "changed": {"lab-1": 2}, "dark": {"lab-2": 1}}),
     )
     text = format_summary(result)
     assert "lab-1" in text and "lab-2" in text and "run failed (rc 2)" in text
@@ -78,3 +79,36 @@ def test_runs_beyond_the_kept_number_are_removed_oldest_first(tmp_path: Path) ->
     removed = prune_runs(tmp_path, 2)
     assert [path.name for path in removed] == ["20261201T000000-1-site"]
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(names[1:])
+
+
+@pytest.mark.parametrize(
+    ("inventory_text", "arguments", "said"),
+    [
+        ("gpu_nodes:\n  hosts:\n    node-1: {ansible_connection: local\n", [], "has no host in group gpu_nodes"),
+        ("others:\n  hosts:\n    node-1:\n", [], "has no host in group gpu_nodes"),
+        ("gpu_nodes:\n  hosts:\n    node-1:\n", ["--limit", "node-9"], "has no host in group gpu_nodes matching"),
+    ],
+)
+def test_a_run_that_reaches_no_host_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], inventory_text: str, arguments: list[str], said: str
+) -> None:
+    """An inventory that does not parse, no gpu_nodes, a --limit that matches nothing: each printed an empty
+    table, "run successful (rc 0)" and exited 0 (issue 30)."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(inventory_text)
+    os.environ["GPUFLEET_RUNS_DIR"] = str(tmp_path / "runs")
+    try:
+        code = main(["provision", "-i", str(inventory), *arguments])
+    finally:
+        del os.environ["GPUFLEET_RUNS_DIR"]
+    err = capsys.readouterr().err
+    assert code == 1 and said in err and "ansible-inventory" in err, err
+    assert "successful" not in capsys.readouterr().out
+
+
+def test_an_unknown_tag_is_refused_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("gpu_nodes:\n  hosts:\n    node-1:\n")
+    assert main(["provision", "-i", str(inventory), "--tags", "bsae,driver"]) == 1
+    err = capsys.readouterr().err
+    assert "--tags bsae,driver: no layer bsae; the layers are base, driver" in err
