@@ -81,7 +81,10 @@ def _built_on(tmp_path: Path) -> Path:
     """The builder's correct build at its key's own prefix, ready to be packed."""
     prefix = tmp_path / "builder" / "pyenv" / "builds" / f"{VERSION}-{KEY}"
     (prefix / "bin").mkdir(parents=True)
-    (prefix / "bin" / "python3.11").symlink_to(SERVING / "bin" / "python3.11")
+    # A wrapper, not a link: the archive of a build may hold no link that leaves its tree (archive_members).
+    wrapper = prefix / "bin" / "python3.11"
+    wrapper.write_text(f'#!/bin/sh\nexec {SERVING / "bin" / "python3.11"} "$@"\n')
+    wrapper.chmod(0o755)
     return prefix
 
 
