@@ -16,8 +16,8 @@ demo: venv deps
 test: venv deps $(SANITY_STAMP)
 	scripts/run-tests.sh
 
-# The whole suite with the long lab tests marked slow (the full rebuild, the Ray cluster): run before an issue that
-# touches them is resolved.
+# The whole suite with the long lab tests marked slow (the rebuilds, the Ray cluster, two rollout cases): run before
+# an issue that touches them is resolved.
 test-slow: venv deps $(SANITY_STAMP)
 	GPUFLEET_TEST_SLOW=1 scripts/run-tests.sh
 

@@ -4,13 +4,15 @@
 2. the first node tampered with in thirteen ways across eight layers, in one go: one drift run reports each on
    its layer with expected -> actual, the second node still reports no drift, `--since` lists the changes,
    and neither node's files changed during the drift run (manifests with sha256 and ctime, before and after);
-3. `gpufleet rebuild --limit NODE` (the drifted layers and those built on them) takes the tampered node back to a
-   clean report without touching the other node, and leaves later test modules a clean node;
+3. (make test-slow) `gpufleet rebuild --limit NODE` (the drifted layers and those built on them) takes the
+   tampered node back to a clean report without touching the other node;
 4. (make test-slow) `gpufleet rebuild --limit NODE --full --reinstall driver,toolkit`: every layer built again (a
    new venv, the runfiles reinstalled, the damaged model staged again, the node rebooted to load the declared
    driver) and serving again, without touching the other node.
 
-The serve and proxy layers start vLLM and nginx, which other tests own; they are left out with --layers.
+The serve and proxy layers start vLLM and nginx, which other tests own; they are left out with --layers. After
+the module the tampered node is put back by hand from a backup and checked by a drift run (fixture `restored`):
+the later modules need a clean node, and a rebuild costs minutes of make test.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from test_drift_support import (
     LAYERS,
     PROJECT_ROOT,
@@ -107,6 +110,60 @@ sed -i 's/"temperature": 0.0/"temperature": 0.5/' {MODELS}/tiny-qwen2-greedy/gen
 """
 
 
+BACKUP = "/var/tmp/gpufleet-tamper-backup"
+
+
+def backup_script() -> str:
+    """Keeps what tamper_script changes, for restore_script: the suite's later modules need a clean node."""
+    return f"""
+set -ex
+rm -rf {BACKUP} && mkdir -p {BACKUP}/venv
+cp -a /etc/sysctl.d/90-gpufleet.conf /etc/systemd/system/nvidia-persistenced.service /etc/ld.so.conf.d/cuda.conf \\
+      /opt/pyenv/version {VENV}/gpufleet-kernels/gpufleet-kernel-demo.json {BACKUP}/
+cp -a {MODELS}/tiny-qwen2/model.safetensors {BACKUP}/model.safetensors
+cp -a {MODELS}/tiny-qwen2-greedy/generation_config.json {BACKUP}/generation_config.json
+readlink /usr/local/cuda > {BACKUP}/cuda-link
+stat -c %a /var/log/gpufleet > {BACKUP}/log-mode
+site=$({VENV}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cp -a "$site"/{PACKAGE} "$site"/{PACKAGE}-*.dist-info {BACKUP}/venv/
+"""
+
+
+def restore_script(driver: str) -> str:
+    """Puts back what tamper_script changed, by hand: a plain rebuild would take 2.5 minutes of the suite (it is
+    test_a_rebuild_of_the_drifted_layers_takes_the_node_back's, in make test-slow)."""
+    return f"""
+set -ex
+cp -a {BACKUP}/90-gpufleet.conf /etc/sysctl.d/ && sysctl -q -p /etc/sysctl.d/90-gpufleet.conf || true
+chmod $(cat {BACKUP}/log-mode) /var/log/gpufleet
+cp -a {BACKUP}/nvidia-persistenced.service /etc/systemd/system/ && systemctl daemon-reload
+{SIMGPUCTL} driver-version {driver}
+{SIMGPUCTL} ecc-errors --gpu 0 0
+systemctl start nvidia-persistenced
+ln -sfn $(cat {BACKUP}/cuda-link) /usr/local/cuda
+cp -a {BACKUP}/cuda.conf /etc/ld.so.conf.d/ && ldconfig
+cp -a {BACKUP}/version /opt/pyenv/version
+site=$({VENV}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+rm -rf "$site"/{PACKAGE} "$site"/{PACKAGE}-*.dist-info && cp -a {BACKUP}/venv/. "$site"/
+cp -a {BACKUP}/gpufleet-kernel-demo.json {VENV}/gpufleet-kernels/
+cp -a {BACKUP}/model.safetensors {MODELS}/tiny-qwen2/model.safetensors
+cp -a {BACKUP}/generation_config.json {MODELS}/tiny-qwen2-greedy/generation_config.json
+rm -rf {BACKUP}
+"""
+
+
+@pytest.fixture(scope="module")
+def restored(fleet: tuple[Path, str, str], runs: Path) -> Iterator[None]:
+    """After the module: the tampered node as it was, checked by a drift run."""
+    yield
+    inventory, tampered, _ = fleet
+    stack = yaml.safe_load((PROJECT_ROOT / "inventories" / "lab" / "group_vars" / "all" / "stack.yml").read_text())
+    rc, text = sh(inventory, tampered, restore_script(stack["gpufleet_stack"]["driver"]))
+    assert rc == 0, text
+    result = gpufleet(runs, "drift", "-i", str(inventory), "--limit", tampered, "--layers", LAYERS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_an_untouched_converged_fleet_reports_no_drift(fleet: tuple[Path, str, str], runs: Path) -> None:
     inventory, tampered, untouched = fleet
     result = gpufleet(runs, "drift", "-i", str(inventory), "--limit", f"{tampered},{untouched}", "--layers", LAYERS)
@@ -155,9 +212,11 @@ def test_the_serve_layer_compares_each_declared_instance_and_keeps_its_key_secre
 
 
 def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
-    fleet: tuple[Path, str, str], runs: Path, other_version: str, lab_hosts: dict[str, dict]
+    fleet: tuple[Path, str, str], runs: Path, other_version: str, lab_hosts: dict[str, dict], restored: None
 ) -> None:
     inventory, tampered, untouched = fleet
+    rc, text = sh(inventory, tampered, backup_script())
+    assert rc == 0, text
     rc, text = sh(inventory, tampered, tamper_script(lab_hosts[tampered]["gpufleet_mirror_url"] + other_version))
     assert rc == 0, text
     before = {host: manifest(inventory, host) for host in (tampered, untouched)}
@@ -234,9 +293,9 @@ def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
     assert untouched not in changes
 
 
+@pytest.mark.slow
 def test_a_rebuild_of_the_drifted_layers_takes_the_node_back(fleet: tuple[Path, str, str], runs: Path) -> None:
-    """The everyday repair: rebuild only what drift found (and the layers built on it). It also hands the next
-    test modules a clean node (make test leaves the full rebuild below to make test-slow)."""
+    """The everyday repair: rebuild only what drift found (and the layers built on it)."""
     inventory, tampered, untouched = fleet
     # ECC errors are the GPU's own: no rebuild clears them (the report would keep them); the GPU is serviced.
     rc, text = sh(inventory, tampered, f"{SIMGPUCTL} ecc-errors --gpu 0 0")

@@ -144,6 +144,7 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
         assert state(inventory, other, RUNNING) == others_running[other]
 
 
+@pytest.mark.slow
 def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
     lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
 ) -> None:
@@ -206,6 +207,7 @@ def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
     assert state(inventory, cordoned, THROUGH_PROXY).split() == ["200", "not-drained"]
 
 
+@pytest.mark.slow
 def test_an_instance_out_of_service_before_an_upgrade_stays_so(
     lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path: Path
 ) -> None:
