@@ -126,6 +126,7 @@ readlink /usr/local/cuda > {BACKUP}/cuda-link
 stat -c %a /var/log/gpufleet > {BACKUP}/log-mode
 site=$({VENV}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 cp -a "$site"/{PACKAGE} "$site"/{PACKAGE}-*.dist-info {BACKUP}/venv/
+if test -e {VENV}/bin/{PACKAGE}; then cp -a {VENV}/bin/{PACKAGE} {BACKUP}/bin-{PACKAGE}; fi
 """
 
 
@@ -145,6 +146,7 @@ cp -a {BACKUP}/cuda.conf /etc/ld.so.conf.d/ && ldconfig
 cp -a {BACKUP}/version /opt/pyenv/version
 site=$({VENV}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 rm -rf "$site"/{PACKAGE} "$site"/{PACKAGE}-*.dist-info && cp -a {BACKUP}/venv/. "$site"/
+if test -e {BACKUP}/bin-{PACKAGE}; then cp -a {BACKUP}/bin-{PACKAGE} {VENV}/bin/{PACKAGE}; fi
 cp -a {BACKUP}/gpufleet-kernel-demo.json {VENV}/gpufleet-kernels/
 cp -a {BACKUP}/model.safetensors {MODELS}/tiny-qwen2/model.safetensors
 cp -a {BACKUP}/generation_config.json {MODELS}/tiny-qwen2-greedy/generation_config.json
