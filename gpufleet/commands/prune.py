@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufleet.runner import format_summary, run_playbook
+from gpufleet.runner import format_summary, require_hosts, run_playbook
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     result = run_playbook("prune.yml", args.inventory, limit=args.limit, check=args.check, diff=args.check)
+    require_hosts(result, args.inventory, args.limit)
     print()
     print(format_summary(result))
     return 0 if result.rc == 0 else 1

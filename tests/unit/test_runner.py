@@ -89,8 +89,14 @@ def test_runs_beyond_the_kept_number_are_removed_oldest_first(tmp_path: Path) ->
         ("gpu_nodes:\n  hosts:\n    node-1:\n", ["--limit", "node-9"], "has no host in group gpu_nodes matching"),
     ],
 )
+@pytest.mark.parametrize("command", ["provision", "prune"])
 def test_a_run_that_reaches_no_host_is_an_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], inventory_text: str, arguments: list[str], said: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    inventory_text: str,
+    arguments: list[str],
+    said: str,
+    command: str,
 ) -> None:
     """An inventory that does not parse, no gpu_nodes, a --limit that matches nothing: each printed an empty
     table, "run successful (rc 0)" and exited 0 (issue 30)."""
@@ -98,7 +104,7 @@ def test_a_run_that_reaches_no_host_is_an_error(
     inventory.write_text(inventory_text)
     os.environ["GPUFLEET_RUNS_DIR"] = str(tmp_path / "runs")
     try:
-        code = main(["provision", "-i", str(inventory), *arguments])
+        code = main([command, "-i", str(inventory), *arguments])
     finally:
         del os.environ["GPUFLEET_RUNS_DIR"]
     err = capsys.readouterr().err
