@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.fleet.plugins.action.role_values import role_options, role_rules
 from ansible_collections.gpufleet.fleet.plugins.module_utils import value_rules
 from ansible_collections.gpufleet.fleet.plugins.module_utils.value_rules import RULES, parse_rule_path, problems
 
@@ -99,19 +100,6 @@ class VaultTolerantLoader(yaml.SafeLoader):
 VaultTolerantLoader.add_constructor("!vault", lambda loader, node: "vaulted-secret-value")
 
 
-def argument_options(role: str) -> dict[str, dict]:
-    specs = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
-    options: dict[str, dict] = {}
-    for entry in specs.values():
-        for name, spec in (entry.get("options") or {}).items():
-            options.setdefault(name, spec)
-    return options
-
-
-def rules_of(role: str) -> dict[str, str]:
-    return yaml.safe_load((REPO / "roles" / role / "meta" / "value_rules.yml").read_text()) or {}
-
-
 def required_rule_paths(name: str, spec: dict) -> set[str]:
     """The rule paths an option needs: each place a string can sit under it."""
     kind, elements, nested = spec.get("type", "str"), spec.get("elements"), spec.get("options")
@@ -133,10 +121,10 @@ def required_rule_paths(name: str, spec: dict) -> set[str]:
 
 @pytest.mark.parametrize("role", ROLES)
 def test_every_option_has_a_rule(role: str) -> None:
-    rules = rules_of(role)
+    rules = role_rules(role)
     missing = sorted(
         path
-        for name, spec in argument_options(role).items()
+        for name, spec in role_options(role).items()
         for path in required_rule_paths(name, spec)
         if path not in rules
     )
@@ -145,8 +133,8 @@ def test_every_option_has_a_rule(role: str) -> None:
 
 @pytest.mark.parametrize("role", ROLES)
 def test_every_rule_names_an_option_and_a_known_rule(role: str) -> None:
-    options = argument_options(role)
-    for path, rule in rules_of(role).items():
+    options = role_options(role)
+    for path, rule in role_rules(role).items():
         assert parse_rule_path(path)[0] in options, f"{role}: rule {path} for an option the role does not declare"
         assert rule.rstrip("?") in RULES, f"{role}: rule {path}: unknown rule {rule}"
 
@@ -170,7 +158,7 @@ def inventory_values() -> list[tuple[str, dict[str, Any]]]:
 
 @pytest.mark.parametrize("role", ROLES)
 def test_the_defaults_and_the_shipped_inventories_pass(role: str) -> None:
-    options, rules = argument_options(role), rules_of(role)
+    options, rules = role_options(role), role_rules(role)
     assert [str(item) for item in problems(role_defaults(role), rules)] == []
     for where, values in inventory_values():
         ours = {name: value for name, value in values.items() if name in options and "{{" not in str(value)}
@@ -195,7 +183,7 @@ def fuzz_cases() -> list[tuple[str, str, str, str]]:
     return [
         (role, path, rule, label)
         for role in ROLES
-        for path, rule in sorted(rules_of(role).items())
+        for path, rule in sorted(role_rules(role).items())
         for label in HOSTILE
     ]
 
@@ -203,7 +191,7 @@ def fuzz_cases() -> list[tuple[str, str, str, str]]:
 @pytest.mark.parametrize(("role", "path", "rule", "label"), fuzz_cases())
 def test_every_rule_refuses_hostile_values(role: str, path: str, rule: str, label: str) -> None:
     segments = parse_rule_path(path)
-    rules = rules_of(role)
+    rules = role_rules(role)
     found = problems({segments[0]: place(segments[0], segments[1:], HOSTILE[label], rules)}, rules)
     if label in ACCEPTED.get(rule.rstrip("?"), set()):
         assert found == []
@@ -216,17 +204,17 @@ def test_every_rule_refuses_hostile_values(role: str, path: str, rule: str, labe
 def test_the_reproduced_findings_are_refused_with_one_line() -> None:
     assert [
         str(item)
-        for item in problems({"vllm_service_memory_max": "64G\nExecStartPre=+/bin/sh"}, rules_of("vllm_service"))
+        for item in problems({"vllm_service_memory_max": "64G\nExecStartPre=+/bin/sh"}, role_rules("vllm_service"))
     ] == ["vllm_service_memory_max has U+000A (LINE FEED) at character 4 (rule memory_size?)"]
-    sysctl = problems({"base_sysctl": {"kernel.core_pattern": "|/bin/sh -c id"}}, rules_of("base"))
+    sysctl = problems({"base_sysctl": {"kernel.core_pattern": "|/bin/sh -c id"}}, role_rules("base"))
     assert [str(item) for item in sysctl] == [
         "base_sysctl.kernel.core_pattern has U+007C (VERTICAL LINE) at character 1; it must be a kernel setting "
         "value: letters, digits, _ . : , / % - and spaces (rule sysctl_value)"
     ]
     url = "https://mirror/python/Python-3.12.7.tgz?$(id>/tmp/p)#.tgz"
-    pyenv = problems({"pyenv_python_versions": [{"version": "3.12.7", "url": url}]}, rules_of("pyenv_python"))
+    pyenv = problems({"pyenv_python_versions": [{"version": "3.12.7", "url": url}]}, role_rules("pyenv_python"))
     assert [item.path for item in pyenv] == ["pyenv_python_versions[0].url"]
-    ray = problems({"ray_cluster_node_address": "10.0.0.1\n"}, rules_of("ray_cluster"))
+    ray = problems({"ray_cluster_node_address": "10.0.0.1\n"}, role_rules("ray_cluster"))
     assert [str(item) for item in ray] == [
         "ray_cluster_node_address has U+000A (LINE FEED) at character 9 (rule host?)"
     ]
@@ -234,14 +222,14 @@ def test_the_reproduced_findings_are_refused_with_one_line() -> None:
 
 def test_model_names_cannot_name_the_store_or_a_staging_directory() -> None:
     for name in (".", "..", ".staging-other", "-x"):
-        found = problems({"model_store_models": [{"name": name}]}, rules_of("model_store"))
+        found = problems({"model_store_models": [{"name": name}]}, role_rules("model_store"))
         assert len(found) == 1, name
 
 
 def test_a_key_is_named_as_a_key_and_an_item_by_its_name() -> None:
     found = problems(
         {"vllm_service_instances": [{"name": "main", "env": {"BAD KEY": "v"}, "port": "80 80"}]},
-        rules_of("vllm_service"),
+        role_rules("vllm_service"),
     )
     assert [str(item) for item in found] == [
         "a key of vllm_service_instances[main].env has U+0020 (SPACE) at character 4; it must be an environment "
