@@ -394,23 +394,11 @@ def test_key_guessing_is_rate_limited_apart_from_the_keys_bucket(served_lab: Ser
     time.sleep(3)  # let the buckets drain for the next tests
 
 
-def test_a_config_nginx_rejects_leaves_the_live_one_serving(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
-    host = served_lab.first
-    live = ["/etc/nginx/conf.d/gpufleet-inference.conf", "/etc/nginx/tls/gpufleet-inference.crt"]
-    before = ansible(host, "ansible.builtin.command", f"sha256sum {' '.join(live)}")[host]["stdout"]
-    # The CA's certificate does not match the node's key: nginx -t refuses the staged set.
-    command = [
-        str(BIN / "ansible-playbook"),
-        "-i",
-        str(served_lab.inventory),
-        "--limit",
-        host,
-        "-e",
-        f"inference_proxy_tls_cert_src={CACHE / 'lab-tls' / 'ca.crt'}",
-        str(PROJECT_ROOT / "playbooks" / "proxy.yml"),
-    ]
-    result = subprocess.run(
-        command,
+def proxy_run(inventory: Path, host: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """playbooks/proxy.yml on one host, for a run that is expected to fail: its result, not an assertion."""
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", host, *extra]
+        + [str(PROJECT_ROOT / "playbooks" / "proxy.yml")],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
@@ -418,6 +406,14 @@ def test_a_config_nginx_rejects_leaves_the_live_one_serving(served_lab: ServedLa
         check=False,
         env={**os.environ, "ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"},
     )
+
+
+def test_a_config_nginx_rejects_leaves_the_live_one_serving(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    host = served_lab.first
+    live = ["/etc/nginx/conf.d/gpufleet-inference.conf", "/etc/nginx/tls/gpufleet-inference.crt"]
+    before = ansible(host, "ansible.builtin.command", f"sha256sum {' '.join(live)}")[host]["stdout"]
+    # The CA's certificate does not match the node's key: nginx -t refuses the staged set.
+    result = proxy_run(served_lab.inventory, host, "-e", f"inference_proxy_tls_cert_src={CACHE / 'lab-tls' / 'ca.crt'}")
     output = " ".join(result.stdout.split())
     assert result.returncode == 2 and "the live configuration was left as it was" in output
     assert "key values mismatch" in output
@@ -443,16 +439,7 @@ def test_a_key_removed_in_a_run_that_failed_before_the_reload_is_refused_after_t
     ansible(host, "ansible.builtin.copy", f"dest={broken} content='this is not nginx;' mode=0644")
     try:
         # The key goes from the inventory; the run writes the site, then fails at nginx -t of the live set.
-        failed = subprocess.run(
-            [str(BIN / "ansible-playbook"), "-i", str(served_lab.inventory), "--limit", host]
-            + [str(PROJECT_ROOT / "playbooks" / "proxy.yml")],
-            capture_output=True,
-            text=True,
-            cwd=PROJECT_ROOT,
-            timeout=900,
-            check=False,
-            env={**os.environ, "ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"},
-        )
+        failed = proxy_run(served_lab.inventory, host)
         assert failed.returncode == 2 and "Test the live nginx configuration" in failed.stdout
         assert https(address, "/v1/models", extra_key)[0] == 200, "nginx still runs the old site"
     finally:
