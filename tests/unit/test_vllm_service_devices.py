@@ -140,8 +140,10 @@ def instance_env(instance: dict, allow: list[str], **extra: object) -> dict[str,
     )
 
 
-def test_collectives_stay_on_loopback_when_only_loopback_is_allowed() -> None:
-    env = instance_env(INSTANCE, ["localhost"])
+# 127.x addresses are loopback too: the pattern's `\\.` in a templated string never matched a dot before.
+@pytest.mark.parametrize("allow", [["localhost"], ["127.0.0.1/8", "::1"]], ids=["localhost", "loopback-addresses"])
+def test_collectives_stay_on_loopback_when_only_loopback_is_allowed(allow: list[str]) -> None:
+    env = instance_env(INSTANCE, allow)
     assert {
         key: env.get(key) for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "VLLM_HOST_IP")
     } == {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "VLLM_HOST_IP": "127.0.0.1"}
