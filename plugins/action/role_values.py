@@ -3,7 +3,7 @@
 
 One mechanism for every role, on the controller, before any host changes: each role's meta/argument_specs.yml
 gives the options (every entry point's) with their types and choices, its meta/value_rules.yml what each string
-under them may be (plugins/module_utils/value_rules.py). A value is checked when the task's variables hold it
+under them may be (plugins/plugin_utils/value_rules.py). A value is checked when the task's variables hold it
 (inventory, group and extra variables; a role's defaults too when a role's own preflight runs it), or when the
 option's default is built from other variables (gpufleet_snapshot_dir, gpufleet_mirror_url). A message names the
 host, the value's path and the rule, never the value. Documentation: plugins/modules/role_values.py.
@@ -19,7 +19,7 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible.template import trust_as_template
-from ansible_collections.gpufleet.fleet.plugins.module_utils import value_rules
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import value_rules
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 ARGUMENT_SPEC = {"roles": {"type": "list", "elements": "str"}}

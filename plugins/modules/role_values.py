@@ -12,7 +12,7 @@ short_description: Refuse role variables that break their role's argument specs 
 description:
   - Checks, for the host, every option each role declares in C(meta/argument_specs.yml) (every entry point's),
     against its type and choices and against the rule C(meta/value_rules.yml) gives each string under it (a
-    name, a path, a URL, a systemd size...; the rules are in C(plugins/module_utils/value_rules.py)). No string
+    name, a path, a URL, a systemd size...; the rules are in C(plugins/plugin_utils/value_rules.py)). No string
     anywhere may hold a control or line-separator character or be longer than 4096 characters.
   - A value is checked when the task's variables hold it (inventory, group and extra variables; a role's
     defaults too when the role's own preflight runs this), or when the option's default is built from other

@@ -1,6 +1,6 @@
 """Every role variable that reaches a file, a unit, a command or Python code is checked by one mechanism driven by
 the roles' declarations (issue 29, item 1): meta/argument_specs.yml (types, choices) and meta/value_rules.yml (what
-each string may be, plugins/module_utils/value_rules.py), applied by the action plugin role_values.
+each string may be, plugins/plugin_utils/value_rules.py), applied by the action plugin role_values.
 
 The options are enumerated from the argument specs, never listed here: a new option without a rule fails
 test_every_option_has_a_rule, and every rule of every role is fed hostile values.
@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.fleet.plugins.action.role_values import role_options, role_rules
-from ansible_collections.gpufleet.fleet.plugins.module_utils import value_rules
-from ansible_collections.gpufleet.fleet.plugins.module_utils.value_rules import RULES, parse_rule_path, problems
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import value_rules
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.value_rules import RULES, parse_rule_path, problems
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = sorted(path.parent.parent.name for path in REPO.glob("roles/*/meta/argument_specs.yml"))

@@ -11,7 +11,7 @@ field of a mapping), OPTION.* (any field); they combine (`vllm_service_instances
 in `?` also allows the empty string. Whatever its rule, no string anywhere may hold a control or line-separator
 character (a newline ends a systemd, nginx or environment line and would add a directive) or be longer than
 MAX_LENGTH; a message names the value's path and the character's position, never the value (secrets are checked
-too). Code shipped to nodes: stdlib only.
+too). Controller-only (plugin_utils: never shipped to nodes); stdlib only.
 """
 
 from __future__ import annotations
