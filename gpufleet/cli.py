@@ -7,17 +7,29 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from gpufleet import __version__
+from gpufleet import __version__, exit_codes
+from gpufleet.ansible_options import options_from, passed_through
 from gpufleet.commands import COMMAND_MODULES
 from gpufleet.errors import GpufleetError
 from gpufleet.locks import CHANGING_COMMANDS, fleet_operation
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors on exit 64 (exit_codes.USAGE): 2 is "drift found"."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(exit_codes.USAGE, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gpufleet",
         description="Provision NVIDIA GPU servers into vLLM inference nodes and keep the fleet identical.",
+        epilog=exit_codes.help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -35,21 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command in CHANGING_COMMANDS:
-            with fleet_operation(args.command, args.inventory, args.break_lease):
-                return int(args.func(args))
-        return int(args.func(args))
+        with passed_through(options_from(args)):
+            if args.command in CHANGING_COMMANDS:
+                with fleet_operation(args.command, args.inventory, args.break_lease):
+                    return int(args.func(args))
+            return int(args.func(args))
     except GpufleetError as error:
         print(f"gpufleet: error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("gpufleet: interrupted", file=sys.stderr)
-        return 130
+        return exit_codes.INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`gpufleet drift --schema | head`): stop quietly, as a shell tool does; stdout is
         # pointed at /dev/null so the interpreter's own flush at exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return exit_codes.PIPE_CLOSED
 
 
 if __name__ == "__main__":

@@ -3,20 +3,16 @@ run (runner artifacts and the report), progress as nodes finish, and comparison 
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet import layers as layer_registry
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.report import FleetReport, ReportError, load_report
 from gpufleet.runner import run_playbook, runs_dir
 
@@ -25,7 +21,6 @@ from gpufleet.runner import run_playbook, runs_dir
 LAYERS = layer_registry.names()
 REPORT_SUBDIR = "drift"
 RUN_SUFFIX = "-drift"
-NODE_GROUP = "gpu_nodes"
 
 
 @dataclass
@@ -57,50 +52,8 @@ def parse_layers(text: str | None) -> list[str] | None:
     wanted = [item.strip() for item in text.split(",") if item.strip()]
     unknown = [item for item in wanted if item not in LAYERS]
     if unknown or not wanted:
-        raise GpufleetError(f"unknown layer(s) {', '.join(unknown) or '(none given)'}; layers are {', '.join(LAYERS)}")
+        raise UsageError(f"unknown layer(s) {', '.join(unknown) or '(none given)'}; layers are {', '.join(LAYERS)}")
     return [layer for layer in LAYERS if layer in wanted]
-
-
-def parse_extra_vars(items: list[str]) -> dict:
-    """-e values, merged in order: a JSON object, or @FILE holding a YAML (or JSON) mapping."""
-    import yaml
-
-    merged: dict = {}
-    for item in items:
-        try:
-            value = yaml.safe_load(Path(item[1:]).read_text()) if item.startswith("@") else json.loads(item)
-        except OSError as error:
-            raise GpufleetError(f"-e {item}: cannot read the file ({error.strerror})") from None
-        except (ValueError, yaml.YAMLError) as error:
-            raise GpufleetError(
-                f"-e {item[:60]}: not a JSON object ({str(error).splitlines()[0]}); "
-                "write -e '{\"name\": value}' or -e @vars.yml"
-            ) from None
-        if not isinstance(value, dict):
-            raise GpufleetError(f"-e {item[:60]}: give a mapping of variable names to values")
-        merged.update(value)
-    return merged
-
-
-def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
-    """The nodes (group gpu_nodes) of an inventory, narrowed by an ansible --limit pattern."""
-    from ansible.inventory.manager import InventoryManager  # imported here so `gpufleet --help` stays fast
-    from ansible.parsing.dataloader import DataLoader
-
-    if not inventory.exists():
-        raise GpufleetError(f"inventory {inventory} does not exist (for the lab, run `gpufleet lab up` first)")
-    warnings = io.StringIO()
-    with contextlib.redirect_stderr(warnings):
-        manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
-        if limit:
-            manager.subset(limit)
-        hosts = sorted(host.name for host in manager.get_hosts(NODE_GROUP))
-    # A limit that matches nothing is said once, by the caller; ansible's other warnings (an inventory it
-    # cannot parse, say) are passed on.
-    for line in warnings.getvalue().splitlines():
-        if "Could not match supplied host pattern" not in line:
-            print(line, file=sys.stderr)
-    return hosts
 
 
 class Progress:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.errors import GpufleetError
-from gpufleet.runner import run_playbook
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.inventory import target_nodes
+from gpufleet.runner import first_error, run_playbook
 
 SCHEMA = "gpufleet.fleet-plan/v1"
 VALIDATE_TASK = "Validate gpufleet_stack"
@@ -78,8 +79,7 @@ def classes(plans: list[HostPlan]) -> list[StackClass]:
 
 
 def plan_inventory(inventory: Path, limit: str | None = None, envvars: dict[str, str] | None = None) -> list[HostPlan]:
-    if not inventory.exists():
-        raise GpufleetError(f"inventory {inventory} does not exist")
+    target_nodes(inventory, limit)
     events: list[dict[str, Any]] = []
 
     def keep(event: dict[str, Any]) -> bool:
@@ -97,12 +97,14 @@ def plan_inventory(inventory: Path, limit: str | None = None, envvars: dict[str,
             envvars=envvars,
             event_handler=keep,
         )
-    plans = collect(events)
+        plans = collect(events)
+        # Ansible stopped before any host (a vault password missing): its own words, read before the run's
+        # records go with the temporary directory.
+        error = "" if plans else first_error(result)
+    if error:
+        raise UsageError(f"no host of {inventory} was validated: {error}")
     if not plans:
-        raise GpufleetError(
-            f"no host of {inventory} was validated (preflight rc {result.rc}, {result.status}): "
-            "the inventory has no group gpu_nodes, or --limit matches no host of it"
-        )
+        raise GpufleetError(f"no host of {inventory} was validated (preflight rc {result.rc}, {result.status})")
     return plans
 
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import BusyError, GpufleetError
 
 # The commands that change nodes; the playbooks that take the node lease (each imports playbooks/lease.yml).
 CHANGING_COMMANDS = ("provision", "upgrade", "rebuild", "prune", "cordon", "uncordon")
@@ -97,7 +97,7 @@ def fleet_operation(command: str, inventory: Path, break_lease: bool = False) ->
         except OSError as error:
             if error.errno not in (errno.EWOULDBLOCK, errno.EACCES):
                 raise
-            raise GpufleetError(
+            raise BusyError(
                 f"{inventory} is held by {_holder_text(path)}: one operation changes a fleet at a time; "
                 f"wait for it to end, then run gpufleet {command} again"
             ) from None

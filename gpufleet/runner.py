@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet import PROJECT_ROOT
+from gpufleet.ansible_options import current_options, settings_environment
 from gpufleet.collection import collections_dir
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.locks import LEASED_PLAYBOOKS, current_operation
 
 STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "ignored")
@@ -28,6 +29,8 @@ ALLOWED_ENVIRONMENT = (
 # How many runs' records runs_dir() keeps (GPUFLEET_KEEP_RUNS): the oldest beyond go after each run.
 DEFAULT_KEEP_RUNS = 200
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-")
+# Ansible colours its output in a run's stdout record, even where no terminal reads it.
+ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def runs_dir() -> Path:
@@ -134,6 +137,7 @@ def run_playbook(
     *,
     limit: str | None = None,
     tags: str | None = None,
+    skip_tags: str | None = None,
     check: bool = False,
     diff: bool = False,
     extravars: dict | None = None,
@@ -159,13 +163,15 @@ def run_playbook(
     ensure_ansible_on_path()
     run_id = run_id or time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
     private_dir = make_run_dir((runs_root or runs_dir()) / run_id)
-    cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
+    options = current_options()
+    cmdline = " ".join([options.cmdline_text(), *(flag for flag, on in (("--check", check), ("--diff", diff)) if on)])
     # The running operation's lease goes to every playbook that takes one (playbooks/lease.yml).
     operation = current_operation()
     if operation and playbook in LEASED_PLAYBOOKS:
         extravars = {**operation.extravars(), **(extravars or {})}
     keep = keep_runs()
-    with only_environment(run_environment(dict(os.environ))):
+    environment = run_environment(dict(os.environ))
+    with only_environment(environment):
         runner = ansible_runner.run(
             private_data_dir=str(private_dir),
             project_dir=str(PROJECT_ROOT),
@@ -173,14 +179,17 @@ def run_playbook(
             inventory=str(inventory.absolute()),  # not resolve(): group_vars sit beside a linked file
             limit=limit,
             tags=tags,
-            cmdline=cmdline or None,
-            extravars=extravars or {},
-            # The collection's own path only: a copy installed elsewhere must not stand in for this one.
+            skip_tags=skip_tags,
+            cmdline=cmdline.strip() or None,
+            # The operator's inline -e values, under gpufleet's own (ansible_options).
+            extravars={**options.inline_vars, **(extravars or {})},
             envvars={
-                "ANSIBLE_CONFIG": str(PROJECT_ROOT / "ansible.cfg"),
-                "ANSIBLE_COLLECTIONS_PATH": str(collections_dir()),
+                **settings_environment(environment, Path.cwd(), collections_dir()),
+                # An inventory Ansible cannot parse at all is an error, never a run of no host.
+                "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true",
                 **(envvars or {}),
             },
+            passwords=options.passwords() or None,
             quiet=quiet,
             event_handler=event_handler,
         )
@@ -208,12 +217,27 @@ def failure_lines(events: Iterable[dict]) -> list[str]:
     return lines
 
 
+# The fix for the errors operators meet first, by words of Ansible's message.
+ERROR_HINTS = (
+    (
+        "no vault secrets",
+        "give the vault password with --vault-password-file FILE or --ask-vault-pass (or ANSIBLE_VAULT_PASSWORD_FILE)",
+    ),
+    ("Decryption failed", "the vault password given is not the inventory's; give the right one"),
+    ("No inventory was parsed", "the inventory does not parse; `ansible-inventory -i INVENTORY --graph` says why"),
+)
+
+
 def first_error(result: PlaybookResult) -> str:
-    """The first ERROR line Ansible printed in the run (a vault password missing, a playbook it cannot load)."""
+    """The first ERROR line Ansible printed in the run (a vault password missing, a playbook it cannot load),
+    with the fix where ERROR_HINTS knows it."""
     stdout = result.artifacts / "stdout"
-    text = stdout.read_text(errors="replace") if stdout.is_file() else ""
+    text = ANSI_COLOUR.sub("", stdout.read_text(errors="replace")) if stdout.is_file() else ""
     lines = [line.strip() for line in text.splitlines() if line.lstrip().startswith(("ERROR!", "[ERROR]"))]
-    return lines[0] if lines else ""
+    if not lines:
+        return ""
+    fixes = [fix for words, fix in ERROR_HINTS if words in lines[0]]
+    return f"{lines[0]}: {fixes[0]}" if fixes else lines[0]
 
 
 def require_hosts(result: PlaybookResult, inventory: Path, limit: str | None) -> None:
@@ -223,9 +247,9 @@ def require_hosts(result: PlaybookResult, inventory: Path, limit: str | None) ->
         return
     error = first_error(result)
     if error:
-        raise GpufleetError(f"the run stopped before any host: {error} (run records in {result.artifacts})")
+        raise UsageError(f"the run stopped before any host: {error} (run records in {result.artifacts})")
     matching = f" matching --limit {limit}" if limit else ""
-    raise GpufleetError(
+    raise UsageError(
         f"the run reached no host: {inventory} has no host in group gpu_nodes{matching}, or does not parse; "
         f"see what Ansible reads with `ansible-inventory -i {inventory} --graph`"
     )

@@ -5,8 +5,8 @@ torch_stack_info of the serving venv, loaded vs installed driver, DKMS, free dis
 key); its evidence is matched against data/doctor/signatures.yml. Each finding prints its evidence line, the
 cause and the fix, most fundamental first.
 
-Exit codes: 0 nothing found; 1 findings printed; 2 bad input (no such node, no inventory); 3 the node could not
-be read (unreachable, or the doctor's playbook failed).
+Exit codes: 0 nothing found; 1 findings printed; 3 the node could not be read (unreachable, or the doctor's
+playbook failed); 64 bad input (no such node, no inventory, a vault password missing).
 """
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ from typing import Any, Iterator
 
 import yaml
 
-from gpufleet import PROJECT_ROOT
-from gpufleet.errors import GpufleetError
+from gpufleet import PROJECT_ROOT, exit_codes
+from gpufleet.ansible_options import add_ansible_flags
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.inventory import target_nodes
 from gpufleet.runner import first_error, run_playbook
 
 SIGNATURES = PROJECT_ROOT / "data" / "doctor" / "signatures.yml"
-EXIT_HEALTHY, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREAD = 0, 1, 2, 3
+EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNREAD = exit_codes.OK, exit_codes.FAILED, exit_codes.INCOMPLETE
 # A file system with less than this free is a finding.
 LOW_DISK_MIB = 2048
 EPILOG = (
-    "exit codes: 0 nothing found, 1 findings printed, 2 bad input (unknown node, missing inventory), "
-    "3 the node could not be read (unreachable or the doctor's playbook failed)"
+    "exit codes: 0 nothing found, 1 findings printed, 3 the node could not be read (unreachable or the doctor's "
+    "playbook failed), 64 bad input (unknown node, missing inventory, a vault password missing)"
 )
 
 Evidence = tuple[str, str]  # (where: "journal vllm@main", line)
@@ -46,6 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
     parser.add_argument("--limit", required=True, metavar="NODE", help="the node to examine")
     parser.add_argument("--json", action="store_true", help="print the findings and the evidence as JSON")
+    add_ansible_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -256,7 +259,7 @@ def read_node(inventory: Path, node: str) -> dict[str, Any]:
     if not result.hosts:
         # Ansible stopped before any host (a vault password missing) or the limit matched nothing.
         error = first_error(result)
-        raise GpufleetError(error or "no host of %s matches --limit %s" % (inventory, node), exit_code=EXIT_USAGE)
+        raise UsageError(error or "no host of %s matches --limit %s" % (inventory, node))
     raise GpufleetError(
         "could not read %s: %s" % (node, catcher.failures.get(node, "ansible ended %s" % result.status)),
         exit_code=EXIT_UNREAD,
@@ -264,8 +267,9 @@ def read_node(inventory: Path, node: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.inventory.exists():
-        raise GpufleetError("inventory %s does not exist" % args.inventory, exit_code=EXIT_USAGE)
+    nodes = target_nodes(args.inventory, args.limit)
+    if nodes != [args.limit]:
+        raise UsageError(f"--limit {args.limit} matches {', '.join(nodes)}: doctor reads one node; name it")
     evidence = read_node(args.inventory, args.limit)
     findings = diagnose(evidence, load_signatures())
     if args.json:

@@ -18,14 +18,14 @@ from gpufleet.drift import (
     LAYERS,
     failure_reason,
     find_report,
-    inventory_hosts,
-    parse_extra_vars,
     parse_layers,
     prune_artifacts,
     run_drift,
     stored_runs,
 )
-from gpufleet.errors import GpufleetError
+from gpufleet.ansible_options import add_ansible_flags
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.inventory import target_nodes
 from gpufleet.report import JSON_SCHEMA, FleetReport, compare_reports, load_report
 from gpufleet.report_formats import REPORT_FILES, summary_table, write_atomically
 from gpufleet.report_html import to_html
@@ -46,14 +46,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-i", "--inventory", type=Path, help="inventory file or directory")
     parser.add_argument("--limit", help="only these hosts or groups (ansible --limit)")
     parser.add_argument("--layers", help="only these layers, comma-separated, e.g. toolkit,venv")
-    parser.add_argument(
-        "-e",
-        "--extra-vars",
-        action="append",
-        default=[],
-        metavar="JSON|@FILE",
-        help="variables over the inventory's, as JSON or @ a YAML/JSON file (repeatable)",
-    )
     parser.add_argument("--out", type=Path, help="also copy the report files (JSON, Markdown, JUnit, Prometheus) here")
     parser.add_argument(
         "--html",
@@ -89,6 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "`node`, e.g. every node whose venv drifted: "
         "\"nodes.* | [?layers.venv.status=='drifted'].node\"",
     )
+    add_ansible_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -108,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 def stored(args: argparse.Namespace) -> int:
     """Without -i: a query of a stored run, the changes between two, and/or the page of the --against run."""
     if not (args.query or args.since or args.html):
-        raise GpufleetError(
+        raise UsageError(
             "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs, or "
             "--html FILE for the page of a stored run"
         )
@@ -126,15 +119,12 @@ def stored(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> int:
     if args.keep_artifacts < 0:
-        raise GpufleetError(f"--keep-artifacts {args.keep_artifacts}: give a number of runs, 0 or more")
+        raise UsageError(f"--keep-artifacts {args.keep_artifacts}: give a number of runs, 0 or more")
     layers = parse_layers(args.layers)
-    extravars = parse_extra_vars(args.extra_vars)
-    hosts = inventory_hosts(args.inventory, args.limit)
-    if not hosts:
-        raise GpufleetError(f"no node of {args.inventory} (group gpu_nodes) matches --limit {args.limit}")
+    hosts = target_nodes(args.inventory, args.limit)
     baseline = find_report(args.since)[1] if args.since else None
     print(f"drift: {len(hosts)} node(s), layers {', '.join(layers or LAYERS)}")
-    result = run_drift(args.inventory, limit=args.limit, layers=layers, extravars=extravars, say=print)
+    result = run_drift(args.inventory, limit=args.limit, layers=layers, say=print)
     if result.report is None:
         print(failure_reason(result))
         raise GpufleetError(
@@ -169,7 +159,7 @@ def print_query(expression: str, report: FleetReport) -> int:
     try:
         selected = jmespath.search(expression, document)
     except JMESPathError as error:
-        raise GpufleetError(
+        raise UsageError(
             f"--query {expression!r} is not a JMESPath expression that applies to the report: "
             f"{error}; the report's fields are in `gpufleet drift --schema`"
         ) from None
@@ -190,9 +180,9 @@ def check_page_path(path: Path) -> None:
     """Refuses a --html FILE that cannot be written, before anything runs."""
     directory = path.parent
     if path.is_dir():
-        raise GpufleetError(f"--html {path}: is a directory; give the page's file name, e.g. {path / 'drift.html'}")
+        raise UsageError(f"--html {path}: is a directory; give the page's file name, e.g. {path / 'drift.html'}")
     if not directory.is_dir():
-        raise GpufleetError(f"--html {path}: the directory {directory} does not exist; create it or give another path")
+        raise UsageError(f"--html {path}: the directory {directory} does not exist; create it or give another path")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise GpufleetError(f"--html {path}: the directory {directory} cannot be written (permission denied)")
 

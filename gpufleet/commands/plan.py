@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import compat, fleet_plan
+from gpufleet.ansible_options import add_ansible_flags
 from gpufleet.stack_file import load_stack_file
 
 INCOMPATIBLE_EXIT_CODE = 2
@@ -53,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="knowledge base directory (default: $GPUFLEET_COMPAT_DIR or data/compat)",
     )
+    add_ansible_flags(parser)
     parser.set_defaults(func=run)
 
 

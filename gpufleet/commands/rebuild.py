@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufleet.drift import inventory_hosts, parse_layers, run_drift
-from gpufleet.errors import GpufleetError
+from gpufleet.ansible_options import add_ansible_flags
+from gpufleet.drift import parse_layers, run_drift
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.inventory import target_nodes
 from gpufleet.drift_rebuild import REINSTALLABLE, plan_rebuild
 from gpufleet.report_formats import summary_table
 from gpufleet.progress import add_verbose_flag, progress_options
@@ -38,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allow-many", action="store_true", help="accept a --limit that matches several nodes")
     parser.add_argument("--force", action="store_true", help="rebuild a cordoned node too (it stays cordoned)")
     add_verbose_flag(parser)
+    add_ansible_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -45,16 +48,14 @@ def parse_reinstall(text: str) -> list[str]:
     wanted = [item.strip() for item in text.split(",") if item.strip()]
     unknown = [item for item in wanted if item not in REINSTALLABLE]
     if unknown:
-        raise GpufleetError(f"--reinstall {', '.join(unknown)}: only {', '.join(REINSTALLABLE)} can be reinstalled")
+        raise UsageError(f"--reinstall {', '.join(unknown)}: only {', '.join(REINSTALLABLE)} can be reinstalled")
     return wanted
 
 
-def target_nodes(inventory: Path, limit: str, allow_many: bool) -> list[str]:
-    hosts = inventory_hosts(inventory, limit)
-    if not hosts:
-        raise GpufleetError(f"--limit {limit} matches no node of {inventory} (group gpu_nodes)")
+def rebuilt_nodes(inventory: Path, limit: str, allow_many: bool) -> list[str]:
+    hosts = target_nodes(inventory, limit)
     if len(hosts) > 1 and not allow_many:
-        raise GpufleetError(
+        raise UsageError(
             f"--limit {limit} matches {len(hosts)} nodes ({', '.join(hosts)}): rebuild takes one "
             "node; name one, or pass --allow-many to rebuild all of them"
         )
@@ -64,7 +65,7 @@ def target_nodes(inventory: Path, limit: str, allow_many: bool) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     reinstall = parse_reinstall(args.reinstall)
     layers = parse_layers(args.layers)
-    hosts = target_nodes(args.inventory, args.limit, args.allow_many)
+    hosts = rebuilt_nodes(args.inventory, args.limit, args.allow_many)
     # The explicit host list, not the pattern: the playbooks then cannot reach any other node.
     limit = ",".join(hosts)
     print(f"rebuild: {', '.join(hosts)}: drift check first")

@@ -15,9 +15,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.drift import inventory_hosts, parse_layers, run_drift
+from gpufleet.ansible_options import add_ansible_flags
+from gpufleet.drift import parse_layers, run_drift
 from gpufleet.drift_rebuild import plan_rebuild
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.inventory import inventory_hosts, target_nodes
 from gpufleet.report import FleetReport
 from gpufleet.report_formats import summary_table
 from gpufleet.runner import format_summary, run_playbook
@@ -51,6 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--force", action="store_true", help="also upgrade the cordoned nodes named in --limit (they stay cordoned)"
     )
     parser.add_argument("--layers", help="only consider these layers (comma-separated), as gpufleet drift --layers")
+    add_ansible_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -58,7 +61,7 @@ def parse_max_unavailable(text: str, fleet: int) -> str:
     """'2' or '50%' checked against the fleet's size; GpufleetError with one clear message otherwise."""
     match = re.fullmatch(r"([0-9]+)(%?)", text.strip())
     if not match or int(match.group(1)) < 1:
-        raise GpufleetError(f"--max-unavailable {text}: give a number of nodes (1 or more) or a percentage like 25%")
+        raise UsageError(f"--max-unavailable {text}: give a number of nodes (1 or more) or a percentage like 25%")
     count, percent = int(match.group(1)), bool(match.group(2))
     if percent and (count > 100 or count * fleet // 100 < 1):
         raise GpufleetError(
@@ -66,7 +69,7 @@ def parse_max_unavailable(text: str, fleet: int) -> str:
             "give a larger percentage or a number"
         )
     if not percent and count > fleet:
-        raise GpufleetError(f"--max-unavailable {count} is more than the {fleet} nodes this upgrade targets")
+        raise UsageError(f"--max-unavailable {count} is more than the {fleet} nodes this upgrade targets")
     return f"{count}%" if percent else str(count)
 
 
@@ -84,7 +87,7 @@ def named_hosts(inventory: Path, limit: str | None) -> list[str]:
         if name in every:
             named.append(name)
         elif not inventory_hosts(inventory, name):
-            raise GpufleetError(f"--limit {limit}: {name} is no node of {inventory} (group gpu_nodes)")
+            raise UsageError(f"--limit {limit}: {name} is no node of {inventory} (group gpu_nodes)")
     return named
 
 
@@ -146,13 +149,11 @@ def describe(outcome: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     layers = parse_layers(args.layers)
-    hosts = inventory_hosts(args.inventory, args.limit)
-    if not hosts:
-        raise GpufleetError(f"--limit {args.limit} matches no node of {args.inventory} (group gpu_nodes)")
+    hosts = target_nodes(args.inventory, args.limit)
     named = named_hosts(args.inventory, args.limit)
     max_unavailable = parse_max_unavailable(args.max_unavailable, len(hosts))
     if args.max_fail < 0:
-        raise GpufleetError("--max-fail must be 0 or more")
+        raise UsageError("--max-fail must be 0 or more")
     limit = ",".join(hosts)
     print(f"upgrade: {len(hosts)} nodes, at most {max_unavailable} out of service at once; drift check first")
     before = run_drift(args.inventory, limit=limit, layers=layers, say=print)

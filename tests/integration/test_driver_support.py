@@ -36,6 +36,16 @@ class PlayRun:
     def describe(self) -> str:
         return f"rc={self.rc} recap={self.recap}\n{self.output[-6000:]}"
 
+    def changed_tasks(self) -> list[str]:
+        """The TASK headers of the tasks that reported changed, with their changed lines (for a failure message)."""
+        found, task = [], ""
+        for line in self.output.splitlines():
+            if line.startswith("TASK ["):
+                task = line.rstrip("* ")
+            elif line.startswith("changed:"):
+                found.append(f"{task}: {line[:300]}")
+        return found
+
 
 def publish_standins() -> dict[str, str]:
     """Builds and publishes the LAB-STANDIN runfiles; returns file name -> sha256."""

@@ -21,6 +21,8 @@ from test_drift_support import (
     manifest,
 )
 
+from gpufleet import exit_codes
+
 pytestmark = pytest.mark.lab
 
 
@@ -45,7 +47,7 @@ def test_a_clean_node_is_left_alone(fleet: tuple[Path, str, str], tmp_path: Path
 def test_more_than_one_node_is_refused_before_anything_runs(fleet: tuple[Path, str, str], tmp_path: Path) -> None:
     inventory, first, second = fleet
     result = gpufleet(tmp_path, "rebuild", "-i", str(inventory), "--limit", f"{first},{second}")
-    assert result.returncode == 1
+    assert result.returncode == exit_codes.USAGE
     assert result.stderr.strip() == (
         f"gpufleet: error: --limit {first},{second} matches 2 nodes ({first}, {second}): "
         "rebuild takes one node; name one, or pass --allow-many to rebuild all of them"

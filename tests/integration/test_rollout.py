@@ -175,7 +175,7 @@ def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
     nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path
 ) -> None:
     inventory, node, cordoned = nodes
-    result = gpufleet(tmp_path, "cordon", "-i", str(inventory), cordoned, "--reason", "rollout test")
+    result = gpufleet(tmp_path, "cordon", "-i", str(inventory), "--limit", cordoned, "--reason", "rollout test")
     assert result.returncode == 0, result.stdout + result.stderr
     try:
         site = state(inventory, cordoned, "sha256sum /etc/nginx/conf.d/gpufleet-inference.conf")
@@ -202,7 +202,7 @@ def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
         assert cordon["reason"] == "rollout test"
         assert state(inventory, cordoned, THROUGH_PROXY).split() == ["503", "not-drained"]
     finally:
-        result = gpufleet(tmp_path, "uncordon", "-i", str(inventory), cordoned)
+        result = gpufleet(tmp_path, "uncordon", "-i", str(inventory), "--limit", cordoned)
     assert result.returncode == 0, result.stdout + result.stderr
     assert state(inventory, cordoned, THROUGH_PROXY).split() == ["200", "not-drained"]
 

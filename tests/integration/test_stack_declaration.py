@@ -59,7 +59,7 @@ def test_each_listed_tag_alone_validates_first_then_runs_its_layer(lab_inventory
     run = play(lab_inventory, host, "site.yml", "--check", "--tags", tag)
     assert run.rc == 0, run.output[-4000:]
     assert run.output.index(VALIDATE) < run.output.index("PLAY [", run.output.index(VALIDATE)), "preflight first"
-    assert run.recap.get("changed") == 0, f"a converged node in check mode: {run.recap}"
+    assert run.recap.get("changed") == 0, f"a converged node in check mode: {run.recap} {run.changed_tasks()}"
     # The layer's own tasks ran, not only the roles' argument checks.
     role_tasks = [
         line

@@ -105,7 +105,9 @@ def test_a_controller_killed_while_an_instance_is_renamed_is_finished_by_the_nex
             # A second operation meanwhile, from another controller (a lock directory of its own): refused by the
             # node's lease, naming the upgrade. (The same controller's lock: tests/unit/test_fleet_lock.py.)
             other = {"GPUFLEET_LOCK_DIR": str(tmp_path / "other-controller")}
-            second = gpufleet(tmp_path, "cordon", "-i", str(lab_inventory), node, "--reason", "second", env=other)
+            second = gpufleet(
+                tmp_path, "cordon", "-i", str(lab_inventory), "--limit", node, "--reason", "second", env=other
+            )
             said = second.stdout + second.stderr
             assert second.returncode != 0 and f"{node} is held by `gpufleet upgrade`" in said, said
         finally:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet import PROJECT_ROOT
-from gpufleet.commands.doctor import EXIT_USAGE, diagnose, format_findings, load_signatures
+from gpufleet import PROJECT_ROOT, exit_codes
+from gpufleet.commands.doctor import diagnose, format_findings, load_signatures
 
 REAL = PROJECT_ROOT / "tests" / "fixtures" / "h200-real"
 SIGNATURES = load_signatures()
@@ -169,9 +169,9 @@ def test_exit_codes_are_documented_and_bad_input_is_refused(tmp_path: Path) -> N
     missing = subprocess.run(
         [*command, "-i", str(tmp_path / "none.yml"), "--limit", "x"], capture_output=True, text=True, check=False
     )
-    assert missing.returncode == EXIT_USAGE and "does not exist" in missing.stderr
+    assert missing.returncode == exit_codes.USAGE and "does not exist" in missing.stderr
     inventory = tmp_path / "hosts.yml"
-    inventory.write_text("all:\n  hosts:\n    known: {ansible_connection: local}\n")
+    inventory.write_text("gpu_nodes:\n  hosts:\n    known: {ansible_connection: local}\n")
     unknown = subprocess.run(
         [*command, "-i", str(inventory), "--limit", "unknown-node"],
         capture_output=True,
@@ -180,7 +180,7 @@ def test_exit_codes_are_documented_and_bad_input_is_refused(tmp_path: Path) -> N
         cwd=PROJECT_ROOT,
         timeout=300,
     )
-    assert unknown.returncode == EXIT_USAGE and "unknown-node" in unknown.stderr, unknown.stderr
+    assert unknown.returncode == exit_codes.USAGE and "unknown-node" in unknown.stderr, unknown.stderr
 
 
 def test_a_cpu_torch_is_a_finding_only_where_the_stack_declares_cuda() -> None:

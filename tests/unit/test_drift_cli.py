@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from gpufleet import PROJECT_ROOT
+from gpufleet import PROJECT_ROOT, exit_codes
 from gpufleet.report import JSON_SCHEMA, load_report
 
 LAYERS = "base,driver,toolkit,serve"
@@ -187,42 +187,62 @@ def test_since_lists_what_changed_and_runs_are_listed(first_run, inventory: Path
 
 
 @pytest.mark.parametrize(
-    ("arguments", "message"),
+    ("arguments", "message", "exit_code"),
     [
-        (["drift", "-i", "{inventory}", "--layers", "base,bogus"], "unknown layer(s) bogus; layers are base, driver"),
-        (["drift", "-i", "/nonexistent/hosts.yml"], "inventory /nonexistent/hosts.yml does not exist"),
+        (
+            ["drift", "-i", "{inventory}", "--layers", "base,bogus"],
+            "unknown layer(s) bogus; layers are base, driver",
+            exit_codes.USAGE,
+        ),
+        (
+            ["drift", "-i", "/nonexistent/hosts.yml"],
+            "inventory /nonexistent/hosts.yml does not exist",
+            exit_codes.USAGE,
+        ),
         (
             ["drift", "-i", "{inventory}", "--limit", "nomatch"],
-            "no node of {inventory} (group gpu_nodes) matches --limit nomatch",
+            "--limit nomatch matches no node of {inventory} (group gpu_nodes)",
+            exit_codes.USAGE,
         ),
-        (["drift"], "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs"),
-        (["drift", "--since", "20990101T000000-1-drift"], "cannot compare with 20990101T000000-1-drift:"),
+        (
+            ["drift"],
+            "give -i INVENTORY to run a drift check, or --since RUN to compare stored runs",
+            exit_codes.USAGE,
+        ),
+        (["drift", "--since", "20990101T000000-1-drift"], "cannot compare with 20990101T000000-1-drift:", 1),
         (
             ["drift", "-i", "{inventory}", "--keep-artifacts", "-1"],
             "--keep-artifacts -1: give a number of runs, 0 or more",
+            exit_codes.USAGE,
         ),
         (
             ["drift", "-i", "{inventory}", "--html", "/nonexistent/page.html"],
             "--html /nonexistent/page.html: the directory /nonexistent does not exist; create it or give another path",
+            exit_codes.USAGE,
         ),
-        (["drift", "-i", "{inventory}", "-e", "drift_layers=base"], "-e drift_layers=base: not a JSON object"),
-        (["drift", "-i", "{inventory}", "-e", "[1, 2]"], "-e [1, 2]: give a mapping of variable names to values"),
+        (
+            ["drift", "-i", "{inventory}", "--vault-password-file", "/nonexistent/pass"],
+            "--vault-password-file /nonexistent/pass does not exist; give the file that holds the password",
+            exit_codes.USAGE,
+        ),
         (
             ["rebuild", "-i", "{inventory}", "--limit", "gpu_nodes"],
             "--limit gpu_nodes matches 2 nodes (controller, gone): rebuild takes one node; name one, or pass --allow-many",
+            exit_codes.USAGE,
         ),
         (
             ["rebuild", "-i", "{inventory}", "--limit", "controller", "--reinstall", "python"],
             "--reinstall python: only driver, toolkit can be reinstalled",
+            exit_codes.USAGE,
         ),
     ],
 )
 def test_bad_input_is_one_line_and_runs_nothing(
-    arguments: list[str], message: str, inventory: Path, tmp_path: Path
+    arguments: list[str], message: str, exit_code: int, inventory: Path, tmp_path: Path
 ) -> None:
     runs = tmp_path / "runs"
     result = gpufleet(*[item.format(inventory=inventory) for item in arguments], runs=runs)
-    assert result.returncode == 1
+    assert result.returncode == exit_code
     assert result.stderr.startswith("gpufleet: error: " + message.format(inventory=inventory)), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert not runs.exists(), "nothing ran"
@@ -285,5 +305,5 @@ def test_query_selects_from_a_stored_report_with_jmespath(first_run) -> None:
     unreachable = gpufleet("drift", "--query", "nodes.gone.status", "--against", str(first), runs=runs)
     assert json.loads(unreachable.stdout) == "unreachable"
     bad = gpufleet("drift", "--query", "nodes[?", "--against", str(first), runs=runs)
-    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.returncode == exit_codes.USAGE and "Traceback" not in bad.stderr
     assert "--query 'nodes[?' is not a JMESPath expression" in bad.stderr

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet import exit_codes
 from gpufleet.cli import main
 from gpufleet.errors import GpufleetError
 from gpufleet.locks import CHANGING_COMMANDS, fleet_operation
@@ -39,7 +40,7 @@ def test_the_cli_refuses_a_changing_command_while_another_holds_the_inventory(
 ) -> None:
     inventory = tmp_path / "hosts.yml"
     with fleet_operation("upgrade", inventory):
-        assert main(["cordon", "-i", str(inventory), "node-1"]) == 1
+        assert main(["cordon", "-i", str(inventory), "--limit", "node-1"]) == exit_codes.BUSY
     assert "is held by `gpufleet upgrade`" in capsys.readouterr().err
 
 
@@ -47,8 +48,6 @@ def test_the_cli_refuses_a_changing_command_while_another_holds_the_inventory(
 def test_every_changing_command_can_break_a_stale_lease(command: str) -> None:
     from gpufleet.cli import build_parser
 
-    extra = ["node-1"] if command in ("cordon", "uncordon") else []
-    if command == "rebuild":
-        extra = ["--limit", "node-1"]
+    extra = ["--limit", "node-1"] if command in ("cordon", "uncordon", "rebuild") else []
     args = build_parser().parse_args([command, "-i", "hosts.yml", *extra, "--break-lease"])
     assert args.break_lease is True

@@ -6,6 +6,7 @@ to a host), against the example inventory, the lab inventory and inventories bro
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet import PROJECT_ROOT
+from gpufleet import PROJECT_ROOT, exit_codes
 
 EXAMPLE = PROJECT_ROOT / "inventories" / "example"
 VAULT_PASSWORD = EXAMPLE / "example-vault-password"
@@ -62,6 +63,36 @@ def test_the_example_plan_as_json_and_limited() -> None:
     assert h200["chain"]["venv"]["requirements"] == ["vllm==0.26.0", "torch==2.11.0+cu130"]
     assert [item["layer"] for item in h200["artifacts"]] == ["driver", "toolkit", "python", "python"]
     assert all(len(item["sha256"]) == 64 and item["sha256_source"] for item in h200["artifacts"])
+
+
+def test_a_missing_vault_password_is_named_with_its_fix_and_the_flag_gives_it() -> None:
+    """Issue 30: plan blamed "no group gpu_nodes" (exit 1) for an inventory it could not decrypt."""
+    environment = {name: value for name, value in os.environ.items() if name != "ANSIBLE_VAULT_PASSWORD_FILE"}
+    command = [str(PROJECT_ROOT / ".venv" / "bin" / "gpufleet"), "plan", "-i", str(EXAMPLE), "--limit", "h200"]
+    run = functools.partial(subprocess.run, capture_output=True, text=True, cwd=PROJECT_ROOT, env=environment)
+    missing = run(command, timeout=300, check=False)
+    assert missing.returncode == exit_codes.USAGE, missing.stdout + missing.stderr
+    (line,) = missing.stderr.strip().splitlines()
+    assert "no vault secrets" in line and "--vault-password-file FILE or --ask-vault-pass" in line, line
+    given = run([*command, "--vault-password-file", str(VAULT_PASSWORD)], timeout=300, check=False)
+    assert given.returncode == 0, given.stdout + given.stderr
+
+
+def test_extra_vars_reach_the_playbook_in_ansibles_own_forms(tmp_path: Path) -> None:
+    """-e key=value, JSON and @file, as ansible-playbook reads them; an inline value beats a file's (the inline
+    ones travel in the run's variables file, not on its recorded command line)."""
+    vars_file = tmp_path / "mirror.yml"
+    vars_file.write_text("gpufleet_mirror_url: https://from-file.example.internal/m\n")
+    for extra, mirror in (
+        (["-e", "gpufleet_mirror_url=https://key-value.example.internal/m"], "key-value"),
+        (["-e", '{"gpufleet_mirror_url": "https://json.example.internal/m"}'], "json"),
+        (["-e", f"@{vars_file}"], "from-file"),
+        (["-e", "gpufleet_mirror_url=https://inline.example.internal/m", "-e", f"@{vars_file}"], "inline"),
+    ):
+        result = plan("-i", str(EXAMPLE), "--limit", "h200", *extra)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"https://{mirror}.example.internal/m/nvidia/" in result.stdout
+        assert "mirror.example.internal/gpufleet" not in result.stdout
 
 
 def test_the_example_passes_a_syntax_check() -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet import exit_codes
 from gpufleet.cli import main
 from gpufleet.runner import PlaybookResult, format_summary, host_counters
 
@@ -45,7 +46,7 @@ def test_summary_lists_every_host_and_the_failed_ones() -> None:
 def test_provision_refuses_a_missing_inventory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["provision", "-i", str(tmp_path / "nowhere.yml")])
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == exit_codes.USAGE
     assert "nowhere.yml does not exist" in err and "gpufleet lab up" in err
 
 
@@ -81,40 +82,69 @@ def test_runs_beyond_the_kept_number_are_removed_oldest_first(tmp_path: Path) ->
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(names[1:])
 
 
-@pytest.mark.parametrize(
-    ("inventory_text", "arguments", "said"),
-    [
-        ("gpu_nodes:\n  hosts:\n    node-1: {ansible_connection: local\n", [], "has no host in group gpu_nodes"),
-        ("others:\n  hosts:\n    node-1:\n", [], "has no host in group gpu_nodes"),
-        ("gpu_nodes:\n  hosts:\n    node-1:\n", ["--limit", "node-9"], "has no host in group gpu_nodes matching"),
-    ],
-)
-@pytest.mark.parametrize("command", ["provision", "prune"])
-def test_a_run_that_reaches_no_host_is_an_error(
+BROKEN_INVENTORIES = [
+    (
+        "gpu_nodes:\n  hosts:\n    node-1: {ansible_connection: local\n",
+        [],
+        "does not parse: ",
+    ),
+    ("others:\n  hosts:\n    node-1:\n", [], "has no group gpu_nodes (its groups: others): put the GPU nodes in"),
+    ("gpu_nodes:\n  hosts:\n    node-1:\n", ["--limit", "node-9"], "--limit node-9 matches no node of"),
+]
+# Every command that runs a playbook, with what it needs besides -i.
+COMMANDS = [
+    ["provision"],
+    ["prune"],
+    ["drift"],
+    ["plan"],
+    ["rebuild", "--limit", "node-1"],
+    ["upgrade"],
+    ["cordon", "--limit", "node-1"],
+    ["uncordon", "--limit", "node-1"],
+    ["doctor", "--limit", "node-1"],
+]
+
+
+@pytest.mark.parametrize(("inventory_text", "arguments", "said"), BROKEN_INVENTORIES)
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda command: command[0])
+def test_an_inventory_no_command_can_use_is_a_usage_error_before_any_run(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
     inventory_text: str,
     arguments: list[str],
     said: str,
-    command: str,
+    command: list[str],
 ) -> None:
-    """An inventory that does not parse, no gpu_nodes, a --limit that matches nothing: each printed an empty
-    table, "run successful (rc 0)" and exited 0 (issue 30)."""
+    """An inventory that does not parse, no gpu_nodes, a --limit that matches nothing: provision and prune
+    printed an empty table, "run successful (rc 0)" and exited 0; plan and doctor blamed the wrong thing (issue
+    30). Now each command says it in one line and exits 64 before any playbook runs."""
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(inventory_text)
-    os.environ["GPUFLEET_RUNS_DIR"] = str(tmp_path / "runs")
-    try:
-        code = main([command, "-i", str(inventory), *arguments])
-    finally:
-        del os.environ["GPUFLEET_RUNS_DIR"]
-    err = capsys.readouterr().err
-    assert code == 1 and said in err and "ansible-inventory" in err, err
-    assert "successful" not in capsys.readouterr().out
+    monkeypatch.setenv("GPUFLEET_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("GPUFLEET_LOCK_DIR", str(tmp_path / "locks"))
+    limit = arguments or (command[1:] if "--limit" in command else [])
+    code = main([command[0], "-i", str(inventory), *limit])
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert code == exit_codes.USAGE and line.startswith("gpufleet: error: ") and said in line, captured.err
+    assert "successful" not in captured.out
+    assert not (tmp_path / "runs").exists(), "no playbook ran"
+
+
+def test_a_mistyped_flag_is_a_usage_error_not_drift_found(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's own exit was 2, the code of "drift found" (issue 30)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["drift", "--inventry", "hosts.yml"])
+    assert exited.value.code == exit_codes.USAGE != exit_codes.FOUND
+    assert "unrecognized arguments: --inventry" in capsys.readouterr().err
 
 
 def test_an_unknown_tag_is_refused_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("gpu_nodes:\n  hosts:\n    node-1:\n")
-    assert main(["provision", "-i", str(inventory), "--tags", "bsae,driver"]) == 1
+    assert main(["provision", "-i", str(inventory), "--tags", "bsae,driver"]) == exit_codes.USAGE
     err = capsys.readouterr().err
     assert "--tags bsae,driver: no layer bsae; the layers are base, driver" in err
+    assert main(["provision", "-i", str(inventory), "--skip-tags", "modle"]) == exit_codes.USAGE
+    assert "--skip-tags modle: no layer modle" in capsys.readouterr().err

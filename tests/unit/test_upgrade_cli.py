@@ -138,9 +138,9 @@ def test_a_clean_rollout_reports_every_node(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_cordon_and_uncordon_are_subcommands() -> None:
-    args = build_parser().parse_args(["cordon", "node-1", "-i", "hosts.yml", "--reason", "fan noise"])
-    assert (args.action, args.node, args.reason) == ("cordon", "node-1", "fan noise")
-    assert build_parser().parse_args(["uncordon", "node-1", "-i", "hosts.yml"]).action == "uncordon"
+    args = build_parser().parse_args(["cordon", "--limit", "node-1", "-i", "hosts.yml", "--reason", "fan noise"])
+    assert (args.action, args.limit, args.reason) == ("cordon", "node-1", "fan noise")
+    assert build_parser().parse_args(["uncordon", "--limit", "node-1", "-i", "hosts.yml"]).action == "uncordon"
     args = build_parser().parse_args(["upgrade", "-i", "hosts.yml", "--max-unavailable", "2", "--force"])
     assert (args.max_unavailable, args.max_fail, args.force) == ("2", 0, True)
 
