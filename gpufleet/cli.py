@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from gpufleet import __version__, exit_codes
 from gpufleet.ansible_options import options_from, passed_through
+from gpufleet.collection import collections_dir
 from gpufleet.commands import COMMAND_MODULES
 from gpufleet.errors import GpufleetError
 from gpufleet.locks import CHANGING_COMMANDS, fleet_operation
@@ -24,6 +25,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(exit_codes.USAGE, f"{self.prog}: error: {message}\n")
 
 
+def version_text() -> str:
+    """gpufleet's version, the ansible-core it runs and the collection its playbooks come from."""
+    from ansible.release import __version__ as ansible_version  # a constant: no cost worth deferring further
+
+    return (
+        f"gpufleet {__version__}\nansible-core {ansible_version}\n"
+        f"collection gpufleet.fleet at {collections_dir() / 'ansible_collections' / 'gpufleet' / 'fleet'}"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="gpufleet",
@@ -31,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exit_codes.help_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
+    parser.add_argument("--version", action="version", version=version_text())
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(f"gpufleet.commands.{name}").add_parser(subparsers)

@@ -11,7 +11,11 @@ OK, FAILED, FOUND, INCOMPLETE, USAGE, BUSY, INTERRUPTED, PIPE_CLOSED = 0, 1, 2, 
 TABLE: tuple[tuple[int, str], ...] = (
     (OK, "done, or nothing found: drift clean, plan compatible, doctor found nothing"),
     (FAILED, "a run failed on some host; doctor printed findings; drift found nothing but did not compare everything"),
-    (FOUND, "drift found (every node compared); plan: the stack is incompatible; rebuild: drift no playbook rebuilds"),
+    (
+        FOUND,
+        "drift found (every node compared); plan: the stack is incompatible; upgrade --plan: some node would change; "
+        "rebuild: drift no playbook rebuilds",
+    ),
     (INCOMPLETE, "drift found and some node could not be compared; doctor could not read the node"),
     (
         USAGE,

@@ -187,6 +187,7 @@ def run_playbook(
                 **settings_environment(environment, Path.cwd(), collections_dir()),
                 # An inventory Ansible cannot parse at all is an error, never a run of no host.
                 "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true",
+                **no_colour_unless_a_terminal(environment),
                 **(envvars or {}),
             },
             passwords=options.passwords() or None,
@@ -203,6 +204,13 @@ def run_playbook(
         hosts=host_counters(runner.stats),
         failures=failure_lines(runner.events) if int(runner.rc) != 0 else [],
     )
+
+
+def no_colour_unless_a_terminal(environment: dict[str, str]) -> dict[str, str]:
+    """Ansible's colours only where a terminal shows them (its own -v output piped to a file or a CI log has
+    none), unless the operator chose (ANSIBLE_NOCOLOR, ANSIBLE_FORCE_COLOR, NO_COLOR)."""
+    chosen = {"ANSIBLE_NOCOLOR", "ANSIBLE_FORCE_COLOR", "NO_COLOR"} & set(environment)
+    return {} if chosen or sys.stdout.isatty() else {"ANSIBLE_NOCOLOR": "1"}
 
 
 def failure_lines(events: Iterable[dict]) -> list[str]:

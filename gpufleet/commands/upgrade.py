@@ -5,7 +5,8 @@ layers built on them, as `gpufleet rebuild` plans them); nodes that match the de
 playbooks/upgrade.yml then drains, stops, rebuilds, gates and undrains at most --max-unavailable nodes at a
 time, rolls a failed node back to what it served before, and stops once more than --max-fail nodes failed.
 Exit codes: 0 every node upgraded or already matching (cordoned nodes skipped), 1 the rollout stopped or
-could not start (the message says which node, why, and the state it was left in).
+could not start (the message says which node, why, and the state it was left in). With --plan nothing changes:
+the rollout is printed batch by batch, exit 0 when no node would change, 2 when some would.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet import exit_codes
 from gpufleet.ansible_options import add_ansible_flags
 from gpufleet.drift import parse_layers, run_drift
 from gpufleet.drift_rebuild import plan_rebuild
@@ -53,6 +55,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--force", action="store_true", help="also upgrade the cordoned nodes named in --limit (they stay cordoned)"
     )
     parser.add_argument("--layers", help="only consider these layers (comma-separated), as gpufleet drift --layers")
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print what the rollout would do, batch by batch, and change nothing (exit 2 when some node would change)",
+    )
     add_ansible_flags(parser)
     parser.set_defaults(func=run)
 
@@ -174,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
     batch = unavailable_budget(max_unavailable, len(hosts), cordoned, work)
     if batch != max_unavailable:
         print(f"upgrade: {', '.join(cordoned)} out of service already: at most {batch} more at once")
+    if args.plan:
+        print(rollout_plan(hosts, work, cordoned, batch))
+        return exit_codes.FOUND if work else exit_codes.OK
     extravars = {
         "upgrade_max_unavailable": batch,
         "upgrade_max_fail": args.max_fail,
@@ -188,6 +198,22 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(format_summary(result))
     return report(result.rc, hosts, outcomes.nodes, result.artifacts, result.failures)
+
+
+def rollout_plan(hosts: list[str], work: list[str], cordoned: list[str], batch: str) -> str:
+    """What `upgrade --plan` prints: the batches upgrade.yml's `serial` makes of the targeted nodes, in order, with
+    the nodes of each that would change (a batch whose nodes all match passes through), and the nodes left alone."""
+    size = max(int(batch[:-1]) * len(hosts) // 100 if batch.endswith("%") else int(batch), 1)
+    lines = [f"upgrade --plan: {len(work)} node(s) would change, at most {size} at once; nothing was changed"]
+    batches = [hosts[start : start + size] for start in range(0, len(hosts), size)]
+    changing = [[host for host in nodes if host in work] for nodes in batches]
+    lines += [f"  batch {number}: {', '.join(nodes)}" for number, nodes in enumerate(filter(None, changing), 1)]
+    if cordoned:
+        lines.append(f"  skipped, cordoned: {', '.join(cordoned)}")
+    unchanged = [host for host in hosts if host not in work and host not in cordoned]
+    if unchanged:
+        lines.append(f"  unchanged, matching the declaration: {', '.join(unchanged)}")
+    return "\n".join(lines)
 
 
 def report(

@@ -114,3 +114,14 @@ def test_the_readme_holds_the_clis_table_of_exit_codes() -> None:
         [str(PROJECT_ROOT / ".venv" / "bin" / "gpufleet"), "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert " ".join(exit_codes.help_text().split()) in " ".join(help_text.split())
+
+
+def test_version_names_ansible_core_and_the_collection() -> None:
+    from ansible.release import __version__ as ansible_version
+
+    lines = subprocess.run(
+        [str(PROJECT_ROOT / ".venv" / "bin" / "gpufleet"), "--version"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert lines[0].startswith("gpufleet ") and lines[1] == f"ansible-core {ansible_version}"
+    collection = Path(lines[2].removeprefix("collection gpufleet.fleet at "))
+    assert (collection / "galaxy.yml").is_file() and collection.resolve() == PROJECT_ROOT.resolve()

@@ -307,3 +307,21 @@ def test_query_selects_from_a_stored_report_with_jmespath(first_run) -> None:
     bad = gpufleet("drift", "--query", "nodes[?", "--against", str(first), runs=runs)
     assert bad.returncode == exit_codes.USAGE and "Traceback" not in bad.stderr
     assert "--query 'nodes[?' is not a JMESPath expression" in bad.stderr
+
+
+def test_upgrade_plan_prints_the_rollout_and_changes_nothing(
+    inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`upgrade --plan` (issue 30): the drift check and the batches, no upgrade run; exit 2 as some node would change.
+    The toolkit layer of `controller` is declared and missing here, so its upgrade would rebuild it."""
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("GPUFLEET_LOCK_DIR", str(tmp_path / "locks"))
+    result = gpufleet(
+        "upgrade", "-i", str(inventory), "--limit", "controller", "--layers", "toolkit", "--plan", runs=runs
+    )
+    assert result.returncode == exit_codes.FOUND, result.stdout + result.stderr
+    assert "upgrade: controller: layers toolkit" in result.stdout
+    assert "upgrade --plan: 1 node(s) would change, at most 1 at once; nothing was changed\n  batch 1: controller" in (
+        result.stdout
+    )
+    assert [path.name.rsplit("-", 1)[-1] for path in runs.iterdir()] == ["drift"], "a drift run only"

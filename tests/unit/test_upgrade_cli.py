@@ -154,3 +154,16 @@ def test_nodes_out_of_service_count_against_max_unavailable() -> None:
     assert unavailable_budget("1", 4, ["node-3"], []) == "1"
     with pytest.raises(GpufleetError, match=r"1 node\(s\) already out of service \(node-3\) .* no node was touched"):
         unavailable_budget("1", 4, ["node-3"], ["node-1"])
+
+
+def test_the_plan_lists_the_batches_serial_makes_with_the_nodes_that_change() -> None:
+    from gpufleet.commands.upgrade import rollout_plan
+
+    hosts = ["n1", "n2", "n3", "n4", "n5"]
+    assert rollout_plan(hosts, ["n1", "n3", "n4"], ["n5"], "50%").splitlines() == [
+        "upgrade --plan: 3 node(s) would change, at most 2 at once; nothing was changed",
+        "  batch 1: n1",
+        "  batch 2: n3, n4",
+        "  skipped, cordoned: n5",
+        "  unchanged, matching the declaration: n2",
+    ]
