@@ -8,7 +8,6 @@ the same path, so the controller runs the very files that modules ship to hosts.
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -27,8 +26,6 @@ def collections_dir(root: Path = PROJECT_ROOT) -> Path:
 
 
 def module_util(name: str) -> ModuleType:
-    """plugins/module_utils/<name>.py, imported by its collection path as modules and plugins import it."""
-    path = str(collections_dir())
-    if path not in sys.path:
-        sys.path.append(path)
+    """plugins/module_utils/<name>.py, imported by its collection path as modules and plugins import it (the
+    package gpufleet puts collections_dir() on sys.path)."""
     return importlib.import_module(f"{PACKAGE}.plugins.module_utils.{name}")

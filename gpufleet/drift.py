@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpufleet import layers as layer_registry
 from gpufleet.errors import GpufleetError, UsageError
-from gpufleet.report import FleetReport, ReportError, load_report
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport, ReportError, load_report
 from gpufleet.runner import run_playbook, runs_dir
 
 # In provisioning order, from the layer registry (playbooks/vars/layers.yml); each layer is compared by the

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet import layers as layer_registry
-from gpufleet.report import FleetReport, LayerResult
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport, LayerResult
 
 # From the layer registry (playbooks/vars/layers.yml): the layers playbooks/rebuild.yml can run, in provisioning
 # order; the layer that repairs each drift-only layer; what is built on each layer and must follow it.

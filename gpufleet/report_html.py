@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from html import escape
 
-from gpufleet.report import LAYER_STATUSES, DriftItem, FleetReport, LayerResult, NodeResult, format_value
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import (
+    LAYER_STATUSES,
+    DriftItem,
+    FleetReport,
+    LayerResult,
+    NodeResult,
+    format_value,
+)
 
 # One background colour per status, each exact and distinct, so a screenshot of the page can be checked
 # pixel by pixel (tests/unit/test_report_html.py counts them).

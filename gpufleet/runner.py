@@ -23,7 +23,7 @@ STAT_KEYS = ("ok", "changed", "failures", "unreachable", "skipped", "rescued", "
 # record, artifacts/<ident>/command): Ansible's and gpufleet's settings, the SSH agent, locale, proxies. Not
 # HF_TOKEN, cloud keys or anything else exported in the shell. GPUFLEET_RUN_ENVIRONMENT adds names (spaces).
 ALLOWED_ENVIRONMENT = (
-    r"PATH|HOME|USER|LOGNAME|SHELL|TERM|TZ|TMPDIR|LANG|LANGUAGE|LC_[A-Z]+|SSH_AUTH_SOCK|VIRTUAL_ENV|"
+    r"PATH|HOME|USER|LOGNAME|SHELL|TERM|TZ|TMPDIR|LANG|LANGUAGE|LC_[A-Z]+|SSH_AUTH_SOCK|VIRTUAL_ENV|NO_COLOR|"
     r"ANSIBLE_[A-Z0-9_]+|GPUFLEET_[A-Z0-9_]+|(?:http|https|no)_proxy|(?:HTTP|HTTPS|NO)_PROXY|PYTHONPATH"
 )
 # How many runs' records runs_dir() keeps (GPUFLEET_KEEP_RUNS): the oldest beyond go after each run.

@@ -26,8 +26,17 @@ from gpufleet.drift import (
 from gpufleet.ansible_options import add_ansible_flags
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.inventory import target_nodes
-from gpufleet.report import JSON_SCHEMA, FleetReport, compare_reports, load_report
-from gpufleet.report_formats import REPORT_FILES, summary_table, write_atomically
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import (
+    JSON_SCHEMA,
+    FleetReport,
+    compare_reports,
+    load_report,
+)
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report_formats import (
+    REPORT_FILES,
+    summary_table,
+    write_atomically,
+)
 from gpufleet.report_html import to_html
 
 

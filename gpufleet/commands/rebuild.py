@@ -16,7 +16,7 @@ from gpufleet.drift import parse_layers, run_drift
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.inventory import target_nodes
 from gpufleet.drift_rebuild import REINSTALLABLE, plan_rebuild
-from gpufleet.report_formats import summary_table
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report_formats import summary_table
 from gpufleet.progress import add_verbose_flag, progress_options
 from gpufleet.runner import format_summary, run_playbook
 

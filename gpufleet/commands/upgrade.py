@@ -22,8 +22,8 @@ from gpufleet.drift import parse_layers, run_drift
 from gpufleet.drift_rebuild import plan_rebuild
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.inventory import inventory_hosts, target_nodes
-from gpufleet.report import FleetReport
-from gpufleet.report_formats import summary_table
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report_formats import summary_table
 from gpufleet.runner import format_summary, run_playbook
 
 # The key of the structured outcome each node's gpufleet.fleet.upgrade_result returns (plugins/action/upgrade_result.py).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.gpufleet.fleet.plugins.lookup import gpufleet_stack as helpers
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_resolve as helpers
 from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_conflicts
 
 ARGUMENT_SPEC = {

@@ -2,8 +2,9 @@
 """Callback plugin gpufleet_drift: the fleet drift report of a playbooks/drift.yml run.
 
 It collects the `gpufleet_drift` results of drift_probe and drift_result (and every unreachable node), then
-writes the report in all its formats and prints the summary table. The report model and writers are
-gpufleet.report and gpufleet.report_formats (controller side; this file only adapts Ansible's events).
+writes the report in all its formats and prints the summary table. The report model and writers are the
+collection's plugin_utils drift_report and drift_report_formats (controller side; this file only adapts Ansible's
+events; the gpufleet CLI imports them from the collection too).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ description:
   - Every node of the play is in the report, each with every layer of the run; an unreachable node is
     reported as such, never left out.
   - Must be enabled (C(ANSIBLE_CALLBACKS_ENABLED=gpufleet.fleet.gpufleet_drift)); C(gpufleet drift) does it.
-requirements:
-  - the gpufleet Python package (this repository) importable by the controller's Python
 options:
   report_dir:
     description: Directory the report files are written to; without it only the table is printed.
@@ -37,20 +36,12 @@ options:
       - name: GPUFLEET_DRIFT_RUN_ID
 """
 
-import os
-import sys
 import time
 from pathlib import Path
 
 from ansible.plugins.callback import CallbackBase
-
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if PROJECT_ROOT not in sys.path:
-    # The report code is stdlib-only Python of this repository; it needs no installation to be imported.
-    sys.path.append(PROJECT_ROOT)
-
-from gpufleet.report import ReportBuilder  # noqa: E402
-from gpufleet.report_formats import summary_table, write_all  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import ReportBuilder
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report_formats import summary_table, write_all
 
 
 class CallbackModule(CallbackBase):

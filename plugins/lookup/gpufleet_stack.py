@@ -42,94 +42,10 @@ _raw:
   type: list
 """
 
-import json
-import os
-
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.gpufleet.fleet.plugins.module_utils import (
-    stack_artifacts,
-    stack_declared,
-    stack_kb,
-    stack_spec,
-)
-
-_CACHE = {}
-
-
-def kb_dir() -> str:
-    return os.environ.get("GPUFLEET_COMPAT_DIR") or stack_kb.default_kb_dir()
-
-
-def plain(value):
-    """Templated inventory values arrive as Ansible's str/dict subclasses: make them plain for type checks."""
-    if isinstance(value, dict):
-        return {str(key): plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(item) for item in value]
-    if isinstance(value, str):
-        return str(value)
-    return value
-
-
-def inputs_of(variables: dict) -> dict:
-    """The host variables stack resolution reads (already templated, plain)."""
-    return {
-        "stack": plain(variables.get("gpufleet_stack")),
-        "mirror_url": plain(variables.get("gpufleet_mirror_url")),
-        "pins": plain(variables.get("gpufleet_artifact_sha256") or {}),
-        "extra_toolkits": plain(variables.get("cuda_toolkit_extra_versions") or []),
-        "venv_options": plain(variables.get("inference_venv_stack_options") or {}),
-        "pyenv_version": plain(variables.get("pyenv_python_pyenv_version") or ""),
-    }
-
-
-def validate_and_resolve(inputs: dict) -> dict:
-    """{'report': the validator's report, 'resolved': what the stack installs or None, 'error': message or None}.
-    Cached per process: every role default of a play reads the same stack."""
-    key = json.dumps(inputs, sort_keys=True, default=str)
-    if key not in _CACHE:
-        _CACHE[key] = _compute(inputs)
-    return _CACHE[key]
-
-
-def _compute(inputs: dict) -> dict:
-    if inputs["stack"] is None:
-        return {
-            "report": None,
-            "resolved": None,
-            "error": "no gpufleet_stack is declared for this host: declare one per GPU class in the "
-            "inventory's group_vars (see inventories/example)",
-        }
-    try:
-        kb = stack_kb.load_kb(kb_dir())
-        report = stack_declared.validate_stack(stack_spec.normalize_stack(inputs["stack"]), kb)
-    except (stack_spec.StackError, stack_kb.KnowledgeBaseError) as error:
-        return {"report": None, "resolved": None, "error": "gpufleet_stack is invalid: %s" % error}
-    if report["errors"]:
-        return {
-            "report": report,
-            "resolved": None,
-            "error": "the declared stack is not compatible (%d error(s)): %s"
-            % (
-                len(report["errors"]),
-                " | ".join("[%s] %s" % (item["link"], item["message"]) for item in report["errors"]),
-            ),
-        }
-    try:
-        resolved = stack_artifacts.resolve(
-            report["stack"],
-            kb,
-            inputs["mirror_url"],
-            inputs["pins"],
-            inputs["extra_toolkits"],
-            inputs["venv_options"],
-            inputs["pyenv_version"],
-        )
-    except stack_artifacts.ArtifactError as error:
-        return {"report": report, "resolved": None, "error": "the declared stack cannot be installed: %s" % error}
-    resolved["stack"] = report["stack"]
-    return {"report": report, "resolved": resolved, "error": None}
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_artifacts
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.stack_resolve import inputs_of, validate_and_resolve
 
 
 def path_value(resolved: dict, path: str):

@@ -16,7 +16,7 @@ from pathlib import Path
 from test_driver_support import publish_standins, sh
 
 from gpufleet import PROJECT_ROOT
-from gpufleet.report import FleetReport, load_report
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport, load_report
 
 BIN = Path(sys.executable).parent
 # The layers the lab converges for these tests (serve and proxy start vLLM and nginx: other tests own them).

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from gpufleet import PROJECT_ROOT
-from gpufleet.report import load_report
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import load_report
 from tests.integration.conftest import AnsibleRunner
 
 CTL = "/usr/local/sbin/gpufleet-simgpuctl"

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from gpufleet import PROJECT_ROOT
-from gpufleet.report import load_report
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import load_report
 from tests.integration.conftest import AnsibleRunner
 
 BIN = Path(sys.executable).parent

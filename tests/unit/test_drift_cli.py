@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpufleet import PROJECT_ROOT, exit_codes
-from gpufleet.report import JSON_SCHEMA, load_report
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import JSON_SCHEMA, load_report
 
 LAYERS = "base,driver,toolkit,serve"
 
@@ -254,7 +254,7 @@ def test_the_schema_is_printed(tmp_path: Path) -> None:
 
 
 def test_help_documents_every_exit_status_the_report_can_give(tmp_path: Path) -> None:
-    from gpufleet import report
+    from ansible_collections.gpufleet.fleet.plugins.plugin_utils import drift_report as report
 
     result = gpufleet("drift", "--help", runs=tmp_path)
     assert result.returncode == 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpufleet.drift_rebuild import plan_rebuild
-from gpufleet.report import FleetReport, ReportBuilder
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport, ReportBuilder
 
 ALL = ["base", "driver", "gpu_health", "toolkit", "python", "venv", "kernels", "model", "ray_cluster", "serve", "proxy"]
 

@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 import jsonschema
 import pytest
 
-from gpufleet.report import (
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import (
     JSON_SCHEMA,
     FleetReport,
     ReportBuilder,
@@ -19,7 +19,7 @@ from gpufleet.report import (
     compare_reports,
     load_report,
 )
-from gpufleet.report_formats import (
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report_formats import (
     REPORT_FILES,
     summary_table,
     to_json,

@@ -18,8 +18,8 @@ import pytest
 from gpufleet import exit_codes
 from gpufleet.cli import main
 from gpufleet.commands.drift import write_page
-from gpufleet.report import FleetReport
-from gpufleet.report_formats import write_all
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report_formats import write_all
 from gpufleet.report_html import COLOURS, to_html
 
 LAYERS = ["base", "toolkit", "venv", "serve", "cordon"]

@@ -18,7 +18,7 @@ from gpufleet.commands.upgrade import (
     report,
 )
 from gpufleet.errors import GpufleetError
-from gpufleet.report import ReportBuilder
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import ReportBuilder
 
 INVENTORY = """
 all:

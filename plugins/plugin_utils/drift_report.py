@@ -32,8 +32,8 @@ reached), `cordoned` (the pseudo-layer `cordon` of a node an operator cordoned, 
 its reason and time: the node is `cordoned`, not drifted, whatever its layers, and counts as neither drift nor
 a node not compared). Exit code: 0 every node compared, no drift; 2 drift, every node compared; 3 drift, and some node or
 layer could not be compared (unreachable or an error: the drift found is not all there is); 1 nothing drifted
-but some node or layer could not be compared (no claim of "no drift" can be made for it), or nothing was. New fields may be added within version 1; a field is never
-removed or changed in meaning without a new version.
+but some node or layer could not be compared (no claim of "no drift" can be made for it), or nothing was. New
+fields may be added within version 1; a field is never removed or changed in meaning without a new version.
 """
 
 from __future__ import annotations

@@ -9,7 +9,12 @@ import tempfile
 from pathlib import Path
 from xml.etree import ElementTree
 
-from gpufleet.report import LAYER_STATUSES, FleetReport, LayerResult, format_value
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import (
+    LAYER_STATUSES,
+    FleetReport,
+    LayerResult,
+    format_value,
+)
 
 REPORT_FILES = {"json": "report.json", "markdown": "report.md", "junit": "junit.xml", "prometheus": "drift.prom"}
 # Short cells for the tables: a drifted layer must stand out.
@@ -180,7 +185,7 @@ PROMETHEUS_HELP = [
 
 
 def to_prometheus(report: FleetReport, finished_epoch: float) -> str:
-    samples: dict[str, list[str]] = {name: [] for name, _ in PROMETHEUS_HELP}
+    samples: dict[str, list[str]] = {name: [] for name, _help in PROMETHEUS_HELP}
     for name, node in sorted(report.nodes.items()):
         node_label = f'node="{_label(name)}"'
         samples["gpufleet_drift_node_up"].append(

@@ -1,0 +1,61 @@
+"""Imports flow one way (issue 30): the CLI (gpufleet/) uses the collection, never the reverse; code shipped to
+nodes (modules, module_utils) imports no controller-only code; a plugin imports shared code from module_utils or
+plugin_utils, never another plugin."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufleet import PROJECT_ROOT
+
+PLUGINS = PROJECT_ROOT / "plugins"
+COLLECTION = "ansible_collections.gpufleet.fleet.plugins."
+SHIPPED = ("modules", "module_utils")
+SHARED = ("module_utils", "plugin_utils")
+
+
+def imported(path: Path) -> Iterator[str]:
+    """Every module name a Python file imports (absolute names; the collection's files use no relative ones)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: a relative import"
+            yield node.module or ""
+            # `from ...plugins.module_utils import stack_kb` names the module in the alias.
+            yield from (
+                f"{node.module}.{alias.name}" for alias in node.names if node.module and "plugins" in node.module
+            )
+
+
+def plugin_files() -> list[Path]:
+    return sorted(path for path in PLUGINS.rglob("*.py") if "__pycache__" not in path.parts)
+
+
+def kind(module: str) -> str:
+    """The plugin directory an ansible_collections.gpufleet.fleet.plugins.<kind>... name is in."""
+    return module.removeprefix(COLLECTION).split(".")[0]
+
+
+@pytest.mark.parametrize("path", plugin_files(), ids=lambda path: str(path.relative_to(PLUGINS)))
+def test_the_collection_imports_no_cli_and_shipped_code_no_controller_code(path: Path) -> None:
+    names = list(imported(path))
+    assert not [name for name in names if name == "gpufleet" or name.startswith("gpufleet.")], "the CLI package"
+    own = {kind(name) for name in names if name.startswith(COLLECTION)}
+    here = path.relative_to(PLUGINS).parts[0]
+    if here in SHIPPED:
+        assert own <= {"module_utils"}, f"shipped to nodes, imports {sorted(own - {'module_utils'})}"
+    else:
+        assert own <= set(SHARED), f"a plugin imports another plugin: {sorted(own - set(SHARED))}"
+
+
+def test_the_graph_sees_the_imports_it_checks() -> None:
+    """The checks above read real imports: the callback's report model, the action's stack resolution."""
+    callback = set(imported(PLUGINS / "callback" / "gpufleet_drift.py"))
+    assert f"{COLLECTION}plugin_utils.drift_report" in callback
+    action = set(imported(PLUGINS / "action" / "stack_validate.py"))
+    assert f"{COLLECTION}plugin_utils.stack_resolve" in action
