@@ -29,3 +29,8 @@ def module_util(name: str) -> ModuleType:
     """plugins/module_utils/<name>.py, imported by its collection path as modules and plugins import it (the
     package gpufleet puts collections_dir() on sys.path)."""
     return importlib.import_module(f"{PACKAGE}.plugins.module_utils.{name}")
+
+
+def plugin_util(name: str) -> ModuleType:
+    """plugins/plugin_utils/<name>.py (controller-only code), imported by its collection path as plugins import it."""
+    return importlib.import_module(f"{PACKAGE}.plugins.plugin_utils.{name}")

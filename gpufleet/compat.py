@@ -1,8 +1,8 @@
 """The controller side of the version-chain check: load the knowledge base and the one validator.
 
-The validator lives in plugins/module_utils (stack_spec.py reads a stack, stack_declared.py checks it) because the
-same files are shipped to hosts inside Ansible modules; the CLI imports those very files (not copies) by their
-collection path.
+The validator lives in the collection (plugins/module_utils/stack_spec.py reads a stack, which modules ship to
+hosts; plugins/plugin_utils/stack_declared.py checks it, on the controller only); the CLI imports those very files
+(not copies) by their collection path.
 """
 
 from __future__ import annotations
@@ -25,19 +25,24 @@ def load_module_util(name: str) -> ModuleType:
     return collection.module_util(name)
 
 
+def load_plugin_util(name: str) -> ModuleType:
+    """plugins/plugin_utils/<name>.py of the collection (controller-only code)."""
+    return collection.plugin_util(name)
+
+
 def stack_spec() -> ModuleType:
     """The stack description's checker (plugins/module_utils/stack_spec.py: normalize_stack, StackError)."""
     return load_module_util("stack_spec")
 
 
 def stack_declared() -> ModuleType:
-    """The declared stack's validator (plugins/module_utils/stack_declared.py: validate_stack)."""
-    return load_module_util("stack_declared")
+    """The declared stack's validator (plugins/plugin_utils/stack_declared.py: validate_stack)."""
+    return load_plugin_util("stack_declared")
 
 
 def stack_kb() -> ModuleType:
-    """The knowledge-base loader (plugins/module_utils/stack_kb.py)."""
-    return load_module_util("stack_kb")
+    """The knowledge-base loader (plugins/plugin_utils/stack_kb.py)."""
+    return load_plugin_util("stack_kb")
 
 
 def kb_dir_from_env() -> Path:

@@ -203,7 +203,7 @@ def declared_venv(variables: dict[str, Any], source: str) -> dict[str, Any] | No
             f"{source}: the declared stack is not compatible: "
             + " | ".join(f"[{item['link']}] {item['message']}" for item in report["errors"])
         )
-    return compat.load_module_util("stack_artifacts").venv(stack, variables.get("inference_venv_stack_options") or {})
+    return compat.load_plugin_util("stack_artifacts").venv(stack, variables.get("inference_venv_stack_options") or {})
 
 
 def _ansible_tool(name: str) -> str:

@@ -75,7 +75,7 @@ def load_pins() -> dict[str, Pin]:
     lab_vars = yaml.safe_load((LAB_VARS / "lab.yml").read_text())
     pyenv_version = yaml.safe_load(PYENV_DEFAULTS.read_text())["pyenv_python_pyenv_version"]
     stack = compat.stack_spec().normalize_stack(stack_vars["gpufleet_stack"])
-    artifacts = compat.load_module_util("stack_artifacts")
+    artifacts = compat.load_plugin_util("stack_artifacts")
     files = artifacts.ArtifactResolver("file:///mirror", lab_vars["gpufleet_lab_pins"])
     pyenv = artifacts.pyenv(pyenv_version, files)
     cpython = artifacts.python(stack, compat.load_knowledge_base(), files)

@@ -39,7 +39,7 @@ from gpufleet.digests import sha256_file  # noqa: E402
 from gpufleet.errors import GpufleetError  # noqa: E402
 
 # Runfile names and their directory on the mirror, as the roles resolve them from a stack.
-ARTIFACTS = compat.load_module_util("stack_artifacts")
+ARTIFACTS = compat.load_plugin_util("stack_artifacts")
 MIRROR_SUBDIR = ARTIFACTS.MIRROR_DIRS["runfile"]
 SUMS_JSON = "sha256.json"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_kb
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_kb
 
 
 class ActionModule(ActionBase):

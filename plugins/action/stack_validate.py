@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """Action plugin stack_validate: check the declared GPU stack on the controller, before any host changes.
 
-It runs plugins/module_utils/stack_declared.py (the validator the CLI `gpufleet plan` uses too; the on-host
+It runs plugins/plugin_utils/stack_declared.py (the validator the CLI `gpufleet plan` uses too; the on-host
 stack_host_check module checks the same links with stack_host.py) against the knowledge base in data/compat. It never contacts the host,
 never changes anything and works the same in check mode. Documentation: plugins/modules/stack_validate.py.
 """
@@ -12,7 +12,7 @@ import os
 
 from ansible.plugins.action import ActionBase
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_resolve as helpers
-from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_conflicts
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_conflicts
 
 ARGUMENT_SPEC = {
     "stack": {"type": "dict"},

@@ -44,7 +44,7 @@ _raw:
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_artifacts
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_artifacts
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.stack_resolve import inputs_of, validate_and_resolve
 
 

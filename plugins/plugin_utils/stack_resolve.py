@@ -7,12 +7,8 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils import (
-    stack_artifacts,
-    stack_declared,
-    stack_kb,
-    stack_spec,
-)
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_spec
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_artifacts, stack_declared, stack_kb
 
 _CACHE: dict = {}
 

@@ -26,7 +26,7 @@ def imported(path: Path) -> Iterator[str]:
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{path}: a relative import"
             yield node.module or ""
-            # `from ...plugins.module_utils import stack_kb` names the module in the alias.
+            # `from ...plugins.module_utils import stack_spec` names the module in the alias.
             yield from (
                 f"{node.module}.{alias.name}" for alias in node.names if node.module and "plugins" in node.module
             )
@@ -59,3 +59,19 @@ def test_the_graph_sees_the_imports_it_checks() -> None:
     assert f"{COLLECTION}plugin_utils.drift_report" in callback
     action = set(imported(PLUGINS / "action" / "stack_validate.py"))
     assert f"{COLLECTION}plugin_utils.stack_resolve" in action
+
+
+def test_every_module_util_is_shipped_for_a_module() -> None:
+    """module_utils is what modules carry to nodes: a file no module reaches (directly or through another) is
+    controller-only and belongs in plugin_utils. The review found four (the stack validator's, issue 30)."""
+    reached: set[str] = set()
+    todo = sorted((PLUGINS / "modules").glob("*.py"))
+    while todo:
+        for name in imported(todo.pop()):
+            if kind(name) == "module_utils" and name.startswith(COLLECTION):
+                util = name.removeprefix(f"{COLLECTION}module_utils").lstrip(".").split(".")[0]
+                if util and util not in reached and (PLUGINS / "module_utils" / f"{util}.py").is_file():
+                    reached.add(util)
+                    todo.append(PLUGINS / "module_utils" / f"{util}.py")
+    shipped = {path.stem for path in (PLUGINS / "module_utils").glob("*.py")}
+    assert shipped - reached == set()

@@ -17,7 +17,8 @@ from packaging.version import Version
 
 from gpufleet import PROJECT_ROOT, compat, compat_refresh
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_declared, stack_spec, stack_versions
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_spec, stack_versions
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_declared
 
 KB = compat.load_knowledge_base()
 KB_DIR = PROJECT_ROOT / "data" / "compat"

@@ -1,4 +1,4 @@
-"""What a declared stack installs (plugins/module_utils/stack_artifacts.py), the role variables that may not
+"""What a declared stack installs (plugins/plugin_utils/stack_artifacts.py), the role variables that may not
 contradict it (stack_conflicts.py), and the gpufleet_stack lookup every role reads it through."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import yaml
 
 from gpufleet import PROJECT_ROOT, compat
 
-artifacts = compat.load_module_util("stack_artifacts")
-conflicts = compat.load_module_util("stack_conflicts")
+artifacts = compat.load_plugin_util("stack_artifacts")
+conflicts = compat.load_plugin_util("stack_conflicts")
 spec = compat.stack_spec()
 KB = compat.load_knowledge_base()
 MIRROR = "https://mirror.invalid/gpufleet"

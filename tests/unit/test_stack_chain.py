@@ -1,4 +1,4 @@
-"""The version-chain validator (plugins/module_utils/stack_declared.py, stack_host.py) against the real knowledge base.
+"""The version-chain validator (plugins/plugin_utils/stack_declared.py, stack_host.py) against the real knowledge base.
 
 Every stack below is built from rows of data/compat (vllm.csv pins, torch.csv variants, cuda_driver.csv
 drivers, gpus.csv, flash_attn.csv). A bad stack asserts the specific link that breaks and that its message
@@ -15,7 +15,8 @@ import yaml
 
 from gpufleet import PROJECT_ROOT, compat
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_declared, stack_host, stack_spec
+from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_host, stack_spec
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_declared
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compat"
 
