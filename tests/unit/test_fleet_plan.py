@@ -76,6 +76,15 @@ def test_a_missing_vault_password_is_named_with_its_fix_and_the_flag_gives_it() 
     assert "no vault secrets" in line and "--vault-password-file FILE or --ask-vault-pass" in line, line
     given = run([*command, "--vault-password-file", str(VAULT_PASSWORD)], timeout=300, check=False)
     assert given.returncode == 0, given.stdout + given.stderr
+    # Asked once (no terminal here: getpass reads stdin), answered to ansible-playbook's prompt by the runner.
+    asked = run(
+        [*command, "--ask-vault-pass"],
+        input=VAULT_PASSWORD.read_text(),
+        start_new_session=True,
+        timeout=300,
+        check=False,
+    )
+    assert asked.returncode == 0, asked.stdout + asked.stderr
 
 
 def test_extra_vars_reach_the_playbook_in_ansibles_own_forms(tmp_path: Path) -> None:
