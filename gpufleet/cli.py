@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from gpufleet import __version__, exit_codes
+from gpufleet import __version__, exit_codes, run_document
 from gpufleet.ansible_options import options_from, passed_through
 from gpufleet.collection import collections_dir
 from gpufleet.commands import COMMAND_MODULES
@@ -52,17 +54,42 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="take the nodes although another operation's lease holds them (its controller was killed)",
         )
+        subparsers.choices[name].add_argument(
+            "--json",
+            action="store_true",
+            help="print one JSON document (schema gpufleet.run/v1) on stdout at the end; the rest goes to stderr",
+        )
     return parser
+
+
+def run_command(args: argparse.Namespace) -> int:
+    with passed_through(options_from(args)):
+        if args.command in CHANGING_COMMANDS:
+            with fleet_operation(args.command, args.inventory, args.break_lease):
+                return int(args.func(args))
+        return int(args.func(args))
+
+
+def run_reported(args: argparse.Namespace) -> int:
+    """A changing command with --json: its usual output on stderr, then the run document on stdout."""
+    run_document.reset()
+    error = None
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            code = run_command(args)
+        except GpufleetError as failure:
+            error, code = str(failure), failure.exit_code
+            print(f"gpufleet: error: {failure}", file=sys.stderr)
+    print(json.dumps(run_document.document(args.command, code, error), indent=2, sort_keys=True))
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with passed_through(options_from(args)):
-            if args.command in CHANGING_COMMANDS:
-                with fleet_operation(args.command, args.inventory, args.break_lease):
-                    return int(args.func(args))
-            return int(args.func(args))
+        if args.command in CHANGING_COMMANDS and args.json:
+            return run_reported(args)
+        return run_command(args)
     except GpufleetError as error:
         print(f"gpufleet: error: {error}", file=sys.stderr)
         return error.exit_code

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet import PROJECT_ROOT
+from gpufleet import PROJECT_ROOT, run_document
 from gpufleet.ansible_options import current_options, settings_environment
 from gpufleet.collection import collections_dir
 from gpufleet.errors import GpufleetError, UsageError
@@ -120,6 +120,18 @@ class PlaybookResult:
     def failed_hosts(self) -> list[str]:
         return sorted(h for h, c in self.hosts.items() if c["failures"] or c["unreachable"])
 
+    def to_dict(self) -> dict:
+        """The run as `--json` reports it (gpufleet/run_document.py)."""
+        return {
+            "rc": self.rc,
+            "status": self.status,
+            "changed": self.changed,
+            "failed_hosts": self.failed_hosts,
+            "hosts": self.hosts,
+            "failures": self.failures,
+            "artifacts": str(self.artifacts),
+        }
+
 
 def host_counters(stats: dict | None) -> dict[str, dict[str, int]]:
     """Turns ansible's final stats ({"ok": {"host": n}, ...}) into {"host": {"ok": n, ...}}. ansible-runner
@@ -197,13 +209,15 @@ def run_playbook(
     if operation and playbook in LEASED_PLAYBOOKS and int(runner.rc) != 0:
         operation.failed_limits.append(limit)
     prune_runs(private_dir.parent, keep)
-    return PlaybookResult(
+    result = PlaybookResult(
         rc=int(runner.rc),
         status=str(runner.status),
         artifacts=private_dir / "artifacts" / runner.config.ident,
         hosts=host_counters(runner.stats),
         failures=failure_lines(runner.events) if int(runner.rc) != 0 else [],
     )
+    run_document.record_run({"playbook": playbook, **result.to_dict()})
+    return result
 
 
 def no_colour_unless_a_terminal(environment: dict[str, str]) -> dict[str, str]:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet import exit_codes
+from gpufleet import exit_codes, run_document
 from gpufleet.ansible_options import add_ansible_flags
 from gpufleet.drift import parse_layers, run_drift
 from gpufleet.drift_rebuild import plan_rebuild
@@ -181,8 +181,10 @@ def run(args: argparse.Namespace) -> int:
     batch = unavailable_budget(max_unavailable, len(hosts), cordoned, work)
     if batch != max_unavailable:
         print(f"upgrade: {', '.join(cordoned)} out of service already: at most {batch} more at once")
+    run_document.add("layers", {host: plans.get(host, []) for host in hosts})
     if args.plan:
         print(rollout_plan(hosts, work, cordoned, batch))
+        run_document.add("plan", {"work": work, "cordoned": cordoned, "batch": batch})
         return exit_codes.FOUND if work else exit_codes.OK
     extravars = {
         "upgrade_max_unavailable": batch,
@@ -192,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         "upgrade_force": forced,
     }
     outcomes = Outcomes()
+    run_document.add("outcomes", outcomes.nodes)
     result = run_playbook(
         "upgrade.yml", args.inventory, limit=limit, extravars=extravars, quiet=True, event_handler=outcomes
     )

@@ -325,3 +325,35 @@ def test_upgrade_plan_prints_the_rollout_and_changes_nothing(
         result.stdout
     )
     assert [path.name.rsplit("-", 1)[-1] for path in runs.iterdir()] == ["drift"], "a drift run only"
+
+
+def test_json_of_a_changing_command_is_one_document_whatever_the_outcome(
+    inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--json on the commands that change nodes (issue 30): stdout holds only the run document, the usual lines go
+    to stderr; a failed run and a usage error are documents too."""
+    monkeypatch.setenv("GPUFLEET_LOCK_DIR", str(tmp_path / "locks"))
+    runs = tmp_path / "runs"
+    plan = gpufleet(
+        "upgrade", "-i", str(inventory), "--limit", "controller", "--layers", "toolkit", "--plan", "--json", runs=runs
+    )
+    document = json.loads(plan.stdout)
+    assert (document["schema"], document["command"], document["exit_code"]) == ("gpufleet.run/v1", "upgrade", 2)
+    assert document["plan"]["work"] == ["controller"] and document["layers"] == {"controller": ["toolkit"]}
+    assert [run["playbook"] for run in document["runs"]] == ["drift.yml"] and plan.returncode == 2
+    assert "upgrade: controller: layers toolkit" in plan.stderr
+
+    failed = gpufleet("prune", "-i", str(inventory), "--limit", "gone", "--check", "--json", runs=runs)
+    document = json.loads(failed.stdout)
+    # The prune, then the lease given back after the failed run (gpufleet/locks.py): every run is listed.
+    assert [run["playbook"] for run in document["runs"]] == ["prune.yml", "lease.yml"]
+    run = document["runs"][0]
+    # This inventory's stack names no pyenv sha256: the preflight refuses it before any connection.
+    assert run["hosts"]["gone"]["failures"] == 1 and run["failures"][0].startswith("gone: Validate gpufleet_stack")
+    assert run["failed_hosts"] == ["gone"] and document["exit_code"] == failed.returncode == 1
+    assert "artifacts in" in failed.stderr
+
+    usage = gpufleet("cordon", "-i", str(inventory), "--limit", "nomatch", "--json", runs=runs)
+    document = json.loads(usage.stdout)
+    assert document["exit_code"] == usage.returncode == exit_codes.USAGE and document["runs"] == []
+    assert document["error"].startswith("--limit nomatch matches no node of")
