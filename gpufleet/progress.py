@@ -1,5 +1,7 @@
 """What a long playbook run shows instead of ansible's scroll: a line per host as each play (a layer) ends, a
-failure the moment it happens, and at the end the serving instances a host was left without.
+failure the moment it happens, a line each HEARTBEAT_SECONDS naming the task each host is still in and for how long
+(a venv install or a runfile can take minutes with no other event), and at the end the serving instances a host was
+left without.
 
 LayerProgress is an ansible-runner event handler (runner.run_playbook's event_handler); ansible's own output
 stays in the run's artifacts, and on the screen with `-v`.
@@ -8,9 +10,11 @@ stays in the run's artifacts, and on the screen with `-v`.
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 # The facts in which a run records the vllm@ instances it stopped and must start again (playbooks/resume.yml
 # empties them once they serve again).
@@ -22,6 +26,7 @@ RESULT_EVENTS = {
     "runner_on_unreachable": "unreachable",
 }
 MESSAGE_LIMIT = 400
+HEARTBEAT_SECONDS = 30.0
 
 
 @dataclass
@@ -47,10 +52,21 @@ class LayerProgress:
     # host -> fact -> the instances it lists now
     stopped: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     failed_hosts: set[str] = field(default_factory=set)
+    # host -> (task, when it started, seconds since the epoch): the task each host is in now
+    running: dict[str, tuple[str, float]] = field(default_factory=dict)
+    heartbeat: float = HEARTBEAT_SECONDS
+    _beating: threading.Event | None = None
 
     def __call__(self, event: dict) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
+        if self._beating is None and self.heartbeat > 0:
+            self._beating = threading.Event()
+            threading.Thread(target=self._beat, args=(self._beating,), daemon=True).start()
+        if kind == "runner_on_start":
+            self.running[str(data.get("host", "?"))] = (str(data.get("task", "?")), started_at(event))
+        elif kind in RESULT_EVENTS:
+            self.running.pop(str(data.get("host", "?")), None)
         if kind == "playbook_on_play_start":
             self.end_play()
             self.play, self.started, self.counts = str(data.get("play", "")), self.clock(), {}
@@ -59,6 +75,8 @@ class LayerProgress:
         elif kind == "playbook_on_stats":
             self.end_play()
             self.warn_stopped()
+            if self._beating is not None:
+                self._beating.set()
         # True: ansible-runner keeps the event in the run's artifacts.
         return True
 
@@ -78,6 +96,18 @@ class LayerProgress:
             if name in facts:
                 self.stopped.setdefault(host, {})[name] = list(facts[name] or [])
 
+    def still_running(self) -> str:
+        """One line: each host's task and how long it has run ("" when no host is in a task)."""
+        now = time.time()
+        tasks = [f"{host}: {task} ({now - since:.0f} s)" for host, (task, since) in sorted(self.running.items())]
+        return f"  still running: {'; '.join(tasks)}" if tasks else ""
+
+    def _beat(self, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat):
+            line = self.still_running()
+            if line:
+                self.say(line)
+
     def end_play(self) -> None:
         if not self.play or not self.counts:
             return
@@ -96,6 +126,15 @@ class LayerProgress:
                     f"rebuild) and failed before it started them again; after fixing the failure above, start "
                     f"them with: gpufleet provision -i INVENTORY --limit {host} --tags serve"
                 )
+
+
+def started_at(event: dict) -> float:
+    """When ansible-runner saw the event (its `created`; UTC where it names no zone), or now."""
+    try:
+        created = datetime.fromisoformat(str(event["created"]))
+    except (KeyError, ValueError):
+        return time.time()
+    return (created if created.tzinfo else created.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def message(result: dict) -> str:

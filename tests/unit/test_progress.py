@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import ansible_runner
@@ -152,3 +153,30 @@ def test_the_long_commands_show_layers_unless_verbose(command: list[str]) -> Non
     quiet = progress_options(build_parser().parse_args(command).verbose)
     assert quiet["quiet"] is True and isinstance(quiet["event_handler"], LayerProgress)
     assert progress_options(build_parser().parse_args([*command, "-v"]).verbose) == {"quiet": False}
+
+
+def test_a_long_task_is_named_while_it_runs_with_its_time(tmp_path: Path) -> None:
+    """Issue 30: minutes of a venv install showed nothing. The heartbeat names the task each host is in."""
+    ensure_ansible_on_path()
+    lines: list[str] = []
+    book = tmp_path / "project" / "play.yml"
+    book.parent.mkdir()
+    book.write_text(
+        "- name: Venv layer\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Install the pinned wheels\n      ansible.builtin.command: sleep 2\n      changed_when: false\n"
+    )
+    progress = LayerProgress(say=lines.append, heartbeat=0.5)
+    ansible_runner.run(
+        private_data_dir=str(tmp_path),
+        playbook=str(book),
+        inventory="localhost ansible_connection=local",
+        extravars={"ansible_python_interpreter": sys.executable},
+        quiet=True,
+        event_handler=progress,
+    )
+    beats = [line for line in lines if line.startswith("  still running: localhost: Install the pinned wheels (")]
+    assert beats, lines
+    assert lines[-1] == "localhost: Venv layer: 1 ok, 0 changed (2 s)", lines
+    count = len(lines)
+    time.sleep(1.0)
+    assert len(lines) == count, "the heartbeat stops with the run"
