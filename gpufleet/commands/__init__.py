@@ -17,4 +17,5 @@ COMMAND_MODULES = (
     "cordon",
     "doctor",
     "prune",
+    "completion",
 )
