@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from gpufleet import __version__, exit_codes, run_document
 from gpufleet.ansible_options import options_from, passed_through
-from gpufleet.collection import collections_dir
+from gpufleet.collection import collections_dir, missing_collection
 from gpufleet.commands import COMMAND_MODULES
 from gpufleet.errors import GpufleetError
 from gpufleet.locks import CHANGING_COMMANDS, fleet_operation
@@ -31,10 +31,9 @@ def version_text() -> str:
     """gpufleet's version, the ansible-core it runs and the collection its playbooks come from."""
     from ansible.release import __version__ as ansible_version  # a constant: no cost worth deferring further
 
-    return (
-        f"gpufleet {__version__}\nansible-core {ansible_version}\n"
-        f"collection gpufleet.fleet at {collections_dir() / 'ansible_collections' / 'gpufleet' / 'fleet'}"
-    )
+    collection = collections_dir() / "ansible_collections" / "gpufleet" / "fleet"
+    where = f"at {collection}" if not missing_collection() else "NOT FOUND (`gpufleet plan` says how to install it)"
+    return f"gpufleet {__version__}\nansible-core {ansible_version}\ncollection gpufleet.fleet {where}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +84,14 @@ def run_reported(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    problem = missing_collection()
+    if problem:
+        # The commands import the collection's code: without it, only --version answers.
+        if list(sys.argv[1:] if argv is None else argv) == ["--version"]:
+            print(version_text())
+            return exit_codes.OK
+        print(f"gpufleet: error: {problem}", file=sys.stderr)
+        return exit_codes.FAILED
     args = build_parser().parse_args(argv)
     try:
         if args.command in CHANGING_COMMANDS and args.json:

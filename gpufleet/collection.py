@@ -8,10 +8,11 @@ the same path, so the controller runs the very files that modules ship to hosts.
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from types import ModuleType
 
-from gpufleet import PROJECT_ROOT
+from gpufleet import PROJECT_ROOT, __version__
 
 NAMESPACE, NAME = "gpufleet", "fleet"
 PACKAGE = f"ansible_collections.{NAMESPACE}.{NAME}"
@@ -34,3 +35,23 @@ def module_util(name: str) -> ModuleType:
 def plugin_util(name: str) -> ModuleType:
     """plugins/plugin_utils/<name>.py (controller-only code), imported by its collection path as plugins import it."""
     return importlib.import_module(f"{PACKAGE}.plugins.plugin_utils.{name}")
+
+
+def missing_collection(root: Path = PROJECT_ROOT) -> str:
+    """Why the CLI cannot run playbooks from `root` ("" when it can): no collection found (a CLI installed with
+    pip, without the collection), or an installed collection of another version than this CLI."""
+    if not (root / "playbooks").is_dir():
+        return (
+            f"gpufleet's collection gpufleet.fleet was not found (not around this package, nor on Ansible's "
+            f"collections path or sys.path): install it with `ansible-galaxy collection install "
+            f"gpufleet-fleet-{__version__}.tar.gz` (`make collection` builds it), or run gpufleet from a checkout"
+        )
+    manifest = root / "MANIFEST.json"
+    if manifest.is_file():
+        installed = json.loads(manifest.read_text()).get("collection_info", {}).get("version")
+        if installed != __version__:
+            return (
+                f"the collection gpufleet.fleet at {root} is version {installed}, this gpufleet CLI {__version__}: "
+                "install the same version of both"
+            )
+    return ""

@@ -264,3 +264,48 @@ def test_the_lock_pins_every_direct_requirement_with_hashes() -> None:
     assert stale == {}, f"requirements.txt does not lock these pins of requirements.in: {stale}; run make lock"
     unhashed = [line for line in locked.splitlines() if re.match(r"[A-Za-z0-9]", line) and not line.endswith(" \\")]
     assert unhashed == [], unhashed
+
+
+@pytest.fixture(scope="module")
+def pip_installed_cli(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`pip install CHECKOUT` into an empty venv (not editable): the gpufleet console script, without a checkout
+    around it. Its dependencies come from the index pip is configured with."""
+    venv = tmp_path_factory.mktemp("pip-cli") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    result = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", str(REPO)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return venv / "bin" / "gpufleet"
+
+
+def test_a_cli_installed_with_pip_finds_the_installed_collection_or_says_how_to_install_it(
+    pip_installed_cli: Path, installed: Path, tmp_path: Path
+) -> None:
+    """Issue 30: `pip install .` gave a gpufleet whose --version ended in a traceback (no ansible_collections)."""
+    nowhere = _only_path(tmp_path / "nothing-here")
+    version = subprocess.run([str(pip_installed_cli), "--version"], capture_output=True, text=True, env=nowhere)
+    assert version.returncode == 0 and "collection gpufleet.fleet NOT FOUND" in version.stdout, version.stderr
+    example = installed / "ansible_collections/gpufleet/fleet/inventories/example"
+    plan = [
+        str(pip_installed_cli),
+        "plan",
+        "-i",
+        str(example),
+        "--vault-password-file",
+        str(example / "example-vault-password"),
+    ]
+    missing = subprocess.run(plan, capture_output=True, text=True, env=nowhere, cwd=tmp_path, timeout=120)
+    (line,) = missing.stderr.strip().splitlines()
+    assert missing.returncode == 1 and "ansible-galaxy collection install gpufleet-fleet-" in line, missing.stderr
+
+    found = _only_path(installed)
+    version = subprocess.run([str(pip_installed_cli), "--version"], capture_output=True, text=True, env=found)
+    assert f"collection gpufleet.fleet at {installed}/ansible_collections/gpufleet/fleet" in version.stdout
+    result = subprocess.run([*plan, "--json"], capture_output=True, text=True, env=found, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["compatible"] is True
