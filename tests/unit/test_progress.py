@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -176,7 +177,8 @@ def test_a_long_task_is_named_while_it_runs_with_its_time(tmp_path: Path) -> Non
     )
     beats = [line for line in lines if line.startswith("  still running: localhost: Install the pinned wheels (")]
     assert beats, lines
-    assert lines[-1] == "localhost: Venv layer: 1 ok, 0 changed (2 s)", lines
+    # At least the task's 2 s (more on a loaded machine).
+    assert re.fullmatch(r"localhost: Venv layer: 1 ok, 0 changed \([2-9][0-9]* s\)", lines[-1]), lines
     count = len(lines)
     time.sleep(1.0)
     assert len(lines) == count, "the heartbeat stops with the run"
