@@ -51,13 +51,17 @@ def read_inventory(inventory: Path, limit: str | None = None) -> InventoryRead:
     return InventoryRead(nodes, groups, warnings)
 
 
-def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
-    """The nodes (group gpu_nodes) of an inventory, narrowed by an ansible --limit pattern; maybe none."""
-    read = read_inventory(inventory, limit)
-    # A limit that matches nothing is said once, by the caller; ansible's other warnings are passed on.
+def pass_on_warnings(read: InventoryRead) -> None:
+    """Ansible's warnings about the inventory, on stderr; a limit that matches nothing is said once, by the caller."""
     for line in read.warnings:
         if "Could not match supplied host pattern" not in line:
             print(line, file=sys.stderr)
+
+
+def inventory_hosts(inventory: Path, limit: str | None = None) -> list[str]:
+    """The nodes (group gpu_nodes) of an inventory, narrowed by an ansible --limit pattern; maybe none."""
+    read = read_inventory(inventory, limit)
+    pass_on_warnings(read)
     return read.nodes
 
 
@@ -65,9 +69,7 @@ def target_nodes(inventory: Path, limit: str | None = None) -> list[str]:
     """The nodes a command will run on; UsageError naming the problem and the fix when there are none."""
     read = read_inventory(inventory, limit)
     if read.nodes:
-        for line in read.warnings:
-            if "Could not match supplied host pattern" not in line:
-                print(line, file=sys.stderr)
+        pass_on_warnings(read)
         return read.nodes
     graph = f"`ansible-inventory -i {inventory} --graph` shows what Ansible reads"
     if read.parse_failure:

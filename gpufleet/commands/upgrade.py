@@ -98,10 +98,15 @@ def named_hosts(inventory: Path, limit: str | None) -> list[str]:
     return named
 
 
+def node_count(amount: str, fleet: int) -> int:
+    """How many nodes '2' or '50%' (of `fleet`, rounded down, as Ansible's serial) is."""
+    return int(amount[:-1]) * fleet // 100 if amount.endswith("%") else int(amount)
+
+
 def unavailable_budget(max_unavailable: str, fleet: int, out_of_service: list[str], work: list[str]) -> str:
     """The batch size left once the nodes already out of service count against --max-unavailable; GpufleetError
     when none is left and some node needs work (no node is touched)."""
-    allowed = int(max_unavailable[:-1]) * fleet // 100 if max_unavailable.endswith("%") else int(max_unavailable)
+    allowed = node_count(max_unavailable, fleet)
     left = allowed - len(out_of_service)
     if left >= allowed:
         return max_unavailable
@@ -206,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
 def rollout_plan(hosts: list[str], work: list[str], cordoned: list[str], batch: str) -> str:
     """What `upgrade --plan` prints: the batches upgrade.yml's `serial` makes of the targeted nodes, in order, with
     the nodes of each that would change (a batch whose nodes all match passes through), and the nodes left alone."""
-    size = max(int(batch[:-1]) * len(hosts) // 100 if batch.endswith("%") else int(batch), 1)
+    size = max(node_count(batch, len(hosts)), 1)
     lines = [f"upgrade --plan: {len(work)} node(s) would change, at most {size} at once; nothing was changed"]
     batches = [hosts[start : start + size] for start in range(0, len(hosts), size)]
     changing = [[host for host in nodes if host in work] for nodes in batches]
