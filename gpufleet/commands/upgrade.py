@@ -19,7 +19,7 @@ from pathlib import Path
 from gpufleet import exit_codes, run_document
 from gpufleet.ansible_options import add_ansible_flags
 from gpufleet.drift import parse_layers, run_drift
-from gpufleet.drift_rebuild import plan_rebuild
+from gpufleet.drift_rebuild import RebuildPlan, plan_rebuild
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.inventory import inventory_hosts, target_nodes
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport
@@ -119,15 +119,23 @@ def unavailable_budget(max_unavailable: str, fleet: int, out_of_service: list[st
     return str(max(left, 1))
 
 
-def node_plans(report: FleetReport) -> dict[str, list[str]]:
-    """Node -> the layers its upgrade rebuilds (empty: it matches the declaration)."""
+def node_plans(report: FleetReport) -> dict[str, RebuildPlan]:
+    """Node -> what its upgrade rebuilds: the layers (none: it matches the declaration), and whether its venv is
+    built again and which models are staged again, as `gpufleet rebuild` would."""
     plans = {}
     for name, node in report.nodes.items():
         plan = plan_rebuild(FleetReport(report.layers, {name: node}))
         if plan.refused:
             raise GpufleetError(f"upgrade: {plan.refused}; no node was touched")
-        plans[name] = plan.layers
+        plans[name] = plan
     return plans
+
+
+def describe_plan(plan: RebuildPlan | None) -> str:
+    if plan is None or not plan.layers:
+        return "matches the declaration"
+    fresh = (["a new venv"] if plan.fresh_venv else []) + [f"model {name} staged again" for name in plan.fresh_models]
+    return f"layers {', '.join(plan.layers)}" + (f" ({'; '.join(fresh)})" if fresh else "")
 
 
 @dataclass
@@ -174,19 +182,17 @@ def run(args: argparse.Namespace) -> int:
     print(summary_table(before.report))
     plans = node_plans(before.report)
     for host in hosts:
-        print(
-            f"upgrade: {host}: "
-            + (f"layers {', '.join(plans.get(host, []))}" if plans.get(host) else "matches the declaration")
-        )
+        print(f"upgrade: {host}: {describe_plan(plans.get(host))}")
+    layers_of = {host: plans[host].layers if host in plans else [] for host in hosts}
     # Cordoned nodes are out of service already: they count against --max-unavailable (forced ones are upgraded
     # in a batch, counted there).
     forced = named if args.force else []
     cordoned = [name for name, node in before.report.nodes.items() if node.status == "cordoned" and name not in forced]
-    work = [host for host in hosts if plans.get(host) and host not in cordoned]
+    work = [host for host in hosts if layers_of[host] and host not in cordoned]
     batch = unavailable_budget(max_unavailable, len(hosts), cordoned, work)
     if batch != max_unavailable:
         print(f"upgrade: {', '.join(cordoned)} out of service already: at most {batch} more at once")
-    run_document.add("layers", {host: plans.get(host, []) for host in hosts})
+    run_document.add("layers", layers_of)
     if args.plan:
         print(rollout_plan(hosts, work, cordoned, batch))
         run_document.add("plan", {"work": work, "cordoned": cordoned, "batch": batch})
@@ -194,7 +200,14 @@ def run(args: argparse.Namespace) -> int:
     extravars = {
         "upgrade_max_unavailable": batch,
         "upgrade_max_fail": args.max_fail,
-        "upgrade_plan": {host: plans.get(host, []) for host in hosts},
+        "upgrade_plan": layers_of,
+        # What only a build from scratch repairs (a package outside the lock, damaged weights): the node's venv
+        # is built again beside the one in service and the models staged again, as `gpufleet rebuild` does.
+        "upgrade_fresh": {
+            host: {"venv": plans[host].fresh_venv, "models": plans[host].fresh_models}
+            for host in hosts
+            if host in plans and (plans[host].fresh_venv or plans[host].fresh_models)
+        },
         "upgrade_named": named,
         "upgrade_force": forced,
     }

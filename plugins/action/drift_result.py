@@ -49,4 +49,5 @@ class ActionModule(ActionBase):
             "message": message,
         }
         result["msg"] = "%s: %s%s" % (args["layer"], args["status"], (" (%s)" % message) if message else "")
+        result["ansible_facts"] = {"gpufleet_drift_last": result["gpufleet_drift"]}
         return result

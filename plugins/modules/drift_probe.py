@@ -106,6 +106,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ansible_facts:
+  description: C(gpufleet_drift_last), the same result as C(gpufleet_drift), for plays that include a role's drift
+    entry point and cannot register its task.
+  returned: success
+  type: dict
 gpufleet_drift:
   description: The layer's result, as the fleet report stores it.
   returned: success
@@ -207,7 +212,9 @@ def main() -> None:
             changed=False,
         )
     result["layer"] = module.params["layer"]
-    module.exit_json(changed=False, gpufleet_drift=result)
+    # Also a fact, so that a play that includes a role's drift entry point (the upgrade's check of a node after
+    # its layers) reads the layer's result without registering inside the role.
+    module.exit_json(changed=False, gpufleet_drift=result, ansible_facts={"gpufleet_drift_last": result})
 
 
 if __name__ == "__main__":

@@ -61,6 +61,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ansible_facts:
+  description: C(gpufleet_drift_last), the same result as C(gpufleet_drift).
+  returned: with layer
+  type: dict
 gpufleet_drift:
   description: The layer's result, in the shape drift_probe returns it (no drift entries, no checks run).
   returned: with layer

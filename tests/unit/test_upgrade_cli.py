@@ -13,6 +13,7 @@ from gpufleet.commands.upgrade import (
     Outcomes,
     unavailable_budget,
     named_hosts,
+    describe_plan,
     node_plans,
     parse_max_unavailable,
     report,
@@ -71,23 +72,51 @@ def test_named_hosts_and_an_unknown_node(inventory: Path) -> None:
         named_hosts(inventory, "node-1,node-9")
 
 
-def drift_report(drifted: dict[str, list[str]], unreachable: tuple[str, ...] = ()) -> object:
+UNTRUSTED_PACKAGE = {
+    "check": "venv /opt/gpufleet/venvs/x",
+    "field": "package requests-mock",
+    "expected": "absent (not in the lock)",
+    "actual": "1.0",
+}
+DAMAGED_WEIGHTS = {"check": "model tiny", "field": "file model.safetensors", "expected": "sha256 ab", "actual": "cd"}
+
+
+def drift_report(
+    drifted: dict[str, list[str]], unreachable: tuple[str, ...] = (), items: dict[str, list[dict]] | None = None
+) -> object:
     builder = ReportBuilder()
     for node in ("node-1", "node-2"):
-        builder.record_plan(node, ["venv", "kernels", "serve", "proxy"])
+        builder.record_plan(node, ["venv", "model", "kernels", "serve", "proxy"])
         if node in unreachable:
             builder.record_unreachable(node, "Connection refused")
             continue
-        for layer in ("venv", "kernels", "serve", "proxy"):
-            status = "drifted" if layer in drifted.get(node, []) else "ok"
-            builder.record_layer(node, {"layer": layer, "status": status, "drift": [], "checked": 1})
+        for layer in ("venv", "model", "kernels", "serve", "proxy"):
+            drift = (items or {}).get(f"{node} {layer}", [])
+            status = "drifted" if layer in drifted.get(node, []) or drift else "ok"
+            builder.record_layer(node, {"layer": layer, "status": status, "drift": drift, "checked": 1})
     return builder.build()
 
 
 def test_each_node_gets_its_own_changed_layers() -> None:
     plans = node_plans(drift_report({"node-1": ["venv"], "node-2": ["serve"]}))
-    assert plans == {"node-1": ["venv", "kernels", "serve", "proxy"], "node-2": ["serve", "proxy"]}
-    assert node_plans(drift_report({})) == {"node-1": [], "node-2": []}
+    assert {name: plan.layers for name, plan in plans.items()} == {
+        "node-1": ["venv", "kernels", "serve", "proxy"],
+        "node-2": ["serve", "proxy"],
+    }
+    assert {name: plan.layers for name, plan in node_plans(drift_report({})).items()} == {"node-1": [], "node-2": []}
+
+
+def test_a_venv_it_cannot_trust_and_damaged_weights_are_built_again_not_only_their_layers_rerun() -> None:
+    """Review M7: the upgrade kept only each node's layers, so a venv with a package outside the lock and a model
+    whose weights differ from its tarball stayed, and the node was reported upgraded."""
+    report = drift_report(
+        {}, items={"node-1 venv": [UNTRUSTED_PACKAGE], "node-2 model": [DAMAGED_WEIGHTS]}
+    )
+    plans = node_plans(report)
+    assert (plans["node-1"].fresh_venv, plans["node-1"].fresh_models) == (True, [])
+    assert (plans["node-2"].fresh_venv, plans["node-2"].fresh_models) == (False, ["tiny"])
+    assert describe_plan(plans["node-1"]) == "layers venv, kernels, serve, proxy (a new venv)"
+    assert describe_plan(plans["node-2"]) == "layers model, serve, proxy (model tiny staged again)"
 
 
 def test_an_unreachable_node_stops_the_upgrade_before_it_starts() -> None:
