@@ -9,12 +9,15 @@ the node on the venv it had; before, the rebuild deleted the venv in service fir
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from test_drift_support import gpufleet
+from test_drift_support import BIN, PROJECT_ROOT, gpufleet
 from test_rollout import RUNNING, THROUGH_PROXY, state
 
 pytestmark = pytest.mark.lab
@@ -94,3 +97,46 @@ def test_a_fresh_venv_that_fails_to_build_leaves_the_node_on_the_venv_it_had(
     assert links(lab_inventory, node)[0] == in_service
     assert state(lab_inventory, node, RUNNING).splitlines()[:2] == ["active", "active"]
     assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
+
+
+@pytest.mark.slow
+def test_an_upgrade_whose_layers_still_differ_after_applying_rolls_the_node_back(
+    lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path: Path
+) -> None:
+    """The per-node drift check before the node takes traffic again: playbooks/upgrade.yml run without the drift
+    plan's "new venv" (as the upgrade ran before M7's fix) leaves the package outside the lock, and the node is
+    rolled back, naming it, instead of reported upgraded."""
+    node = sorted(lab_hosts)[0]
+    in_service, previous = links(lab_inventory, node)
+    state(lab_inventory, node, PLANT)
+    extravars = tmp_path / "upgrade.json"
+    extravars.write_text(json.dumps({"upgrade_plan": {node: ["venv", "kernels"]}}))
+    try:
+        result = subprocess.run(
+            [
+                str(BIN / "ansible-playbook"),
+                "-i",
+                str(lab_inventory),
+                "--limit",
+                node,
+                "-e",
+                f"@{extravars}",
+                str(PROJECT_ROOT / "playbooks" / "upgrade.yml"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            timeout=2400,
+            check=False,
+            env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, output[-6000:]
+        assert "still differs from the declaration: layer venv (venv " in output, output[-6000:]
+        assert "package gpufleet-handmade is 1.0, declared absent (not in the lock)" in output, output[-6000:]
+        assert "rolled_back" in output, output[-6000:]
+        assert links(lab_inventory, node) == (in_service, previous)
+        assert state(lab_inventory, node, RUNNING).splitlines()[:2] == ["active", "active"]
+        assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
+    finally:
+        state(lab_inventory, node, f"rm -rf {VENVS}/current/lib/python3*/site-packages/{HANDMADE}")

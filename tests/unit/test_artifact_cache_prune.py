@@ -75,21 +75,41 @@ def prune(tmp_path: Path, cache: Path, check: bool, **variables: object) -> dict
     return json.loads((tmp_path / "pruned.json").read_text())
 
 
-def test_plan_keeps_declared_recorded_and_the_newest_others() -> None:
-    cached = [
-        {"sha256": sha, "mtime": mtime}
-        for sha, mtime in (
-            (DRIVER_NOW, 9),
-            (DRIVER_BEFORE, 8),
-            (TOOLKIT_OLD, 7),
-            (DRIVER_OLDER, 6),
-            (TOOLKIT_OLDEST, 5),
-        )
-    ]
+def cached_entries(*entries: tuple[str, str]) -> list[dict]:
+    """(sha256, file name), newest first."""
+    return [{"sha256": sha, "files": [name], "mtime": 100 - index} for index, (sha, name) in enumerate(entries)]
+
+
+def test_plan_keeps_declared_recorded_and_the_newest_others_of_each_kind() -> None:
+    cached = cached_entries(
+        (DRIVER_NOW, "NVIDIA-Linux-x86_64-580.95.05.run"),
+        (DRIVER_BEFORE, "NVIDIA-Linux-x86_64-570.133.20.run"),
+        (TOOLKIT_OLD, "cuda_12.8.1_570.124.06_linux.run"),
+        (DRIVER_OLDER, "NVIDIA-Linux-x86_64-570.124.06.run"),
+        (TOOLKIT_OLDEST, "cuda_12.4.1_550.54.15_linux.run"),
+    )
     kept, removed = plan(cached, {DRIVER_NOW}, {TOOLKIT_OLDEST}, retention=1)
-    assert kept == {DRIVER_NOW: "declared", TOOLKIT_OLDEST: "recorded", DRIVER_BEFORE: "retention"}
-    assert [entry["sha256"] for entry in removed] == [DRIVER_OLDER, TOOLKIT_OLD]
+    assert kept == {
+        DRIVER_NOW: "declared",
+        TOOLKIT_OLDEST: "recorded",
+        DRIVER_BEFORE: "retention",
+        TOOLKIT_OLD: "retention",
+    }
+    assert [entry["sha256"] for entry in removed] == [DRIVER_OLDER]
     assert plan(cached, set(), set(), retention=0)[1][0]["sha256"] == TOOLKIT_OLDEST
+
+
+def test_the_previous_driver_is_not_crowded_out_by_newer_artifacts_of_other_kinds() -> None:
+    """Review L11: after an upgrade of driver, CPython and kernels, the retention counted every kind together,
+    and the two newest unused entries were a CPython tarball and a kernel wheel: the previous driver went."""
+    python_old, wheel_old = "1" * 64, "2" * 64
+    cached = cached_entries(
+        (python_old, "Python-3.12.6.tar.xz"),
+        (wheel_old, "flash_attn-2.7.3-cp312-cp312-linux_x86_64.whl"),
+        (DRIVER_BEFORE, "NVIDIA-Linux-x86_64-570.133.20.run"),
+    )
+    kept, removed = plan(cached, set(), set(), retention=1)
+    assert set(kept) == {python_old, wheel_old, DRIVER_BEFORE} and removed == []
 
 
 def test_check_mode_removes_nothing_then_the_prune_removes_what_it_said_and_a_rerun_changes_nothing(
@@ -105,26 +125,30 @@ def test_check_mode_removes_nothing_then_the_prune_removes_what_it_said_and_a_re
 
     checked = prune(tmp_path, cache, check=True, artifact_prune_keep=[DRIVER_NOW], artifact_node_cache_retention=1)
     assert checked["changed"] is True and sorted(path.name for path in cache.iterdir()) == before
-    assert [entry["files"] for entry in checked["removed"]] == [
-        ["NVIDIA-Linux-x86_64-570.124.06.run"],
-        ["cuda_12.8.1_570.124.06_linux.run"],
-    ]
-    assert checked["freed_bytes"] == 1100
-    assert "cuda_12.8.1" in checked["diff"]["before"] and "cuda_12.8.1" not in checked["diff"]["after"]
+    # One of each kind stays: the newer of the two unused drivers, the unused toolkit.
+    assert [entry["files"] for entry in checked["removed"]] == [["NVIDIA-Linux-x86_64-570.124.06.run"]]
+    assert checked["freed_bytes"] == 100
+    removed_file = "NVIDIA-Linux-x86_64-570.124.06.run"
+    assert removed_file in checked["diff"]["before"] and removed_file not in checked["diff"]["after"]
 
     pruned = prune(tmp_path, cache, check=False, artifact_prune_keep=[DRIVER_NOW], artifact_node_cache_retention=1)
     assert pruned["removed"] == checked["removed"] and pruned["changed"] is True
-    assert pruned["kept"] == {DRIVER_NOW: "declared", TOOLKIT_OLDEST: "recorded", DRIVER_BEFORE: "retention"}
+    assert pruned["kept"] == {
+        DRIVER_NOW: "declared",
+        TOOLKIT_OLDEST: "recorded",
+        DRIVER_BEFORE: "retention",
+        TOOLKIT_OLD: "retention",
+    }
     assert sorted(path.name for path in cache.iterdir()) == sorted(
-        [DRIVER_NOW, DRIVER_BEFORE, TOOLKIT_OLDEST, "not-a-sha256", "f" * 64]
+        [DRIVER_NOW, DRIVER_BEFORE, TOOLKIT_OLD, TOOLKIT_OLDEST, "not-a-sha256", "f" * 64]
     )
 
     rerun = prune(tmp_path, cache, check=False, artifact_prune_keep=[DRIVER_NOW], artifact_node_cache_retention=1)
     assert rerun["changed"] is False and rerun["removed"] == []
 
 
-def test_the_default_retention_keeps_two_and_a_missing_cache_is_nothing_to_do(tmp_path: Path) -> None:
+def test_the_default_retention_keeps_two_of_each_kind_and_a_missing_cache_is_nothing_to_do(tmp_path: Path) -> None:
     cache = a_cache(tmp_path)
     pruned = prune(tmp_path, cache, check=False, artifact_prune_keep=[])
-    assert [entry["sha256"] for entry in pruned["removed"]] == [TOOLKIT_OLDEST, DRIVER_OLDER, TOOLKIT_OLD]
+    assert [entry["sha256"] for entry in pruned["removed"]] == [DRIVER_OLDER]
     assert prune(tmp_path, tmp_path / "none", check=False, artifact_prune_keep=[])["changed"] is False

@@ -109,9 +109,7 @@ def test_each_node_gets_its_own_changed_layers() -> None:
 def test_a_venv_it_cannot_trust_and_damaged_weights_are_built_again_not_only_their_layers_rerun() -> None:
     """Review M7: the upgrade kept only each node's layers, so a venv with a package outside the lock and a model
     whose weights differ from its tarball stayed, and the node was reported upgraded."""
-    report = drift_report(
-        {}, items={"node-1 venv": [UNTRUSTED_PACKAGE], "node-2 model": [DAMAGED_WEIGHTS]}
-    )
+    report = drift_report({}, items={"node-1 venv": [UNTRUSTED_PACKAGE], "node-2 model": [DAMAGED_WEIGHTS]})
     plans = node_plans(report)
     assert (plans["node-1"].fresh_venv, plans["node-1"].fresh_models) == (True, [])
     assert (plans["node-2"].fresh_venv, plans["node-2"].fresh_models) == (False, ["tiny"])

@@ -12,7 +12,10 @@ description:
     as the artifact role writes it). Each driver or CUDA upgrade adds a runfile of hundreds of MB to GBs.
   - Keeps every entry named in O(keep) (what the node's declaration uses now), every sha256 recorded in a
     JSON file of O(records_dir) (a record of what a failed upgrade reinstalls, such as the driver's), and the
-    O(retention) newest of the others (by the time they were cached); removes the rest.
+    O(retention) newest of the others of each kind (by the time they were cached); removes the rest.
+  - An entry's kind is its file's name with the version numbers taken out (C(NVIDIA-Linux-x86_64-580.95.05.run)
+    and C(NVIDIA-Linux-x86_64-570.124.06.run) are one kind), so the previous driver runfile a rollback needs is
+    never crowded out by newer artifacts of other kinds after a multi-layer upgrade.
   - Only directories named by a sha256 (64 lowercase hex digits) are ever considered; anything else in
     O(path), links included, is left alone.
   - Check mode reports what would be removed; diff mode shows the entries before and after.
@@ -32,7 +35,7 @@ options:
     description: A directory of JSON records (top-level C(sha256) keys) whose artifacts stay; none when unset.
     type: path
   retention:
-    description: How many of the other entries stay, newest first (0 removes every one not kept above).
+    description: How many of the other entries of each kind stay, newest first (0 removes every one not kept above).
     type: int
     default: 2
 attributes:
@@ -113,22 +116,32 @@ def recorded(records_dir: str | None) -> set[str]:
     return found
 
 
+VERSION_NUMBERS = re.compile(r"[0-9]+")
+
+
+def kind(entry: dict[str, Any]) -> str:
+    """The entry's file name with its version numbers taken out: every release of one artifact is one kind."""
+    return VERSION_NUMBERS.sub("#", "/".join(entry.get("files", [])))
+
+
 def plan(
     cached: list[dict[str, Any]], declared: set[str], records: set[str], retention: int
 ) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """(sha256 -> why it stays, the entries to remove oldest first)."""
+    """(sha256 -> why it stays, the entries to remove oldest first); `cached` is newest first."""
     kept: dict[str, str] = {}
-    others = []
+    removed = []
+    retained: dict[str, int] = {}
     for entry in cached:
         if entry["sha256"] in declared:
             kept[entry["sha256"]] = "declared"
         elif entry["sha256"] in records:
             kept[entry["sha256"]] = "recorded"
+        elif retained.get(kind(entry), 0) < retention:
+            retained[kind(entry)] = retained.get(kind(entry), 0) + 1
+            kept[entry["sha256"]] = "retention"
         else:
-            others.append(entry)
-    for entry in others[:retention]:
-        kept[entry["sha256"]] = "retention"
-    return kept, list(reversed(others[retention:]))
+            removed.append(entry)
+    return kept, list(reversed(removed))
 
 
 def main() -> None:
