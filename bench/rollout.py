@@ -2,7 +2,9 @@
 `gpufleet upgrade` of a driver change (a newer driver on every node: installed, rebooted into, the instances
 started again, health-gated) and the change taken back (the lab's driver again, a downgrade), while a bounded
 client loop sends completions through the lab's load balancer (gpufleet/lab/balancer.py: HAProxy following each
-node's /health, as a production fleet's front door does), so the figures are what a fleet's clients see.
+node's /health, as a production fleet's front door does), so the figures are what a fleet's clients see. Then a
+venv rollout: a package outside the lock on every node, which only a new venv drops, so `gpufleet upgrade` builds
+each node's venv again beside the one in service (no reboot) and switches the instances to it.
 
 Usage: .venv/bin/python bench/rollout.py [--hosts b-1,b-2,b-3,b-4] [--requests-per-second 2]
        (GPUFLEET_LAB_INVENTORY and friends name the lab; its nodes must be converged with site.yml)
@@ -10,8 +12,7 @@ Usage: .venv/bin/python bench/rollout.py [--hosts b-1,b-2,b-3,b-4] [--requests-p
 Prints per rollout: its wall time against the sum of the per-node upgrade times, and the requests answered (200)
 and failed (anything else), with the node HAProxy sent each answered one to. The driver change is a host_vars file
 per node beside the lab inventory, removed at the end. Requests go to the lab's balancer only (on the lab's own
-link), and the loop ends with the rollout. (A venv rollout needs a venv built beside the one in service, which the
-venv layer does not do yet: issue 28, review M7/M12.)
+link), and the loop ends with the rollout.
 """
 
 from __future__ import annotations
@@ -134,9 +135,29 @@ def measured(
     )
 
 
-def upgrade_cli(inventory: Path, hosts: list[str], runs: Path) -> Rollout:
+def upgrade_cli(inventory: Path, hosts: list[str], runs: Path, layers: str = "driver") -> Rollout:
     command = [str(BIN / "gpufleet"), "upgrade", "-i", str(inventory), "--limit", ",".join(hosts)]
-    return lambda: run(command + ["--max-unavailable", "1", "--layers", "driver"], runs)
+    return lambda: run(command + ["--max-unavailable", "1", "--layers", layers], runs)
+
+
+# A distribution nobody declared in the venv in service, as a `pip install` by hand leaves it.
+HANDMADE = (
+    "site=$(ls -d /opt/gpufleet/venvs/current/lib/python3*/site-packages) && "
+    "mkdir -p $site/gpufleet_bench_handmade-1.0.dist-info && "
+    "printf 'Metadata-Version: 2.1\\nName: gpufleet-bench-handmade\\nVersion: 1.0\\n' "
+    "> $site/gpufleet_bench_handmade-1.0.dist-info/METADATA && : > $site/gpufleet_bench_handmade-1.0.dist-info/RECORD"
+)
+
+
+def plant_handmade_package(inventory: Path, hosts: list[str]) -> None:
+    subprocess.run(
+        [str(BIN / "ansible"), "-i", str(inventory), ",".join(hosts), "-m", "ansible.builtin.shell", "-a", HANDMADE],
+        cwd=PROJECT_ROOT,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
 
 
 def newest_standin_driver() -> str:
@@ -211,6 +232,15 @@ def main() -> int:
                 log,
                 rate,
             ),
+        )
+        plant_handmade_package(inventory, hosts)
+        measured(
+            "venv built again beside the one in service",
+            upgrade_cli(inventory, hosts, runs, layers="venv,kernels"),
+            CLI_NODE_LINE,
+            front.url,
+            log,
+            rate,
         )
     finally:
         if created and not any(host_vars.iterdir()):
