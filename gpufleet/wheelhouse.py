@@ -222,14 +222,21 @@ def cache_root() -> Path:
 # --- resolution -------------------------------------------------------------------------------------------
 
 
+# The projects PyTorch's index is the source of: nothing else is taken from it. pip merges an --extra-index-url with
+# the main index and takes the highest version of any name from either (the torchtriton attack of December 2022),
+# so PyTorch's index is read only through these projects' own pages (as --find-links), and every other name comes
+# from the main index alone.
+TORCH_INDEX_PROJECTS = ("torch", "torchvision", "torchaudio", "triton", "pytorch-triton")
+
+
 def pip_target_args(spec: StackSpec) -> list[str]:
-    """pip options that make it pick wheels for the nodes, not for the controller."""
+    """pip options that make it pick wheels for the nodes, not for the controller, each project from its source."""
     args = ["--python-version", spec.python, "--implementation", "cp", "--only-binary=:all:"]
     for tag in platform_tags(spec.platform, spec.id):
         args += ["--platform", tag]
     args += ["--index-url", spec.index_url]
-    if spec.torch_index_url:
-        args += ["--extra-index-url", spec.torch_index_url]
+    for project in TORCH_INDEX_PROJECTS if spec.torch_index_url else ():
+        args += ["--find-links", f"{spec.torch_index_url.rstrip('/')}/{project}/"]
     for link in spec.find_links:
         args += ["--find-links", link]
     return args

@@ -102,7 +102,9 @@ def test_stack_file_accepts_the_inventory_variable(tmp_path: Path) -> None:
     )
     spec = wheelhouse.load_stack_file(stack)
     assert spec.python == "3.12" and spec.torch_index_url.endswith("/cu128")
-    assert "--extra-index-url" in wheelhouse.pip_target_args(spec)
+    args = wheelhouse.pip_target_args(spec)
+    assert "--extra-index-url" not in args
+    assert "https://download.pytorch.org/whl/cu128/torch/" in args
 
 
 def lab_spec() -> wheelhouse.StackSpec:
@@ -398,6 +400,47 @@ def test_an_added_requirement_keeps_the_previous_pins(tmp_path: Path, local_inde
     report = wheelhouse.build(moved, lock_path, None)
     assert report.lock_action.endswith("(previous pins conflict: resolved afresh)")
     assert wheelhouse.read_lock(lock_path).by_name()["demo-lib"].version == "2.1"
+
+
+def simple_index(root: Path, wheels: dict[str, list[Path]]) -> Path:
+    """A PEP 503 index on disk: one directory per project holding its wheels and the page that lists them (pip
+    reads the page as an index, the directory as --find-links)."""
+    for project, files in wheels.items():
+        page = root / project
+        page.mkdir(parents=True, exist_ok=True)
+        links = []
+        for wheel in files:
+            placed = page / wheel.name
+            placed.write_bytes(wheel.read_bytes())
+            links.append(f'<a href="{wheel.name}#sha256={sha256(placed)}">{wheel.name}</a>')
+        (page / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>")
+    return root
+
+
+def test_a_name_the_pytorch_index_also_serves_is_taken_from_the_main_index_only(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    """Review M13: with PyTorch's index as --extra-index-url, pip took the highest version of any name from either
+    index, so a project published on the wrong index at a higher version won the resolution (the torchtriton
+    attack). PyTorch's index now provides its own projects only."""
+    built = tmp_path / "built"
+    torch = make_wheel(built / "torch", "torch", "1.0+cpu", requires=("demo-shared",))
+    shared_main = make_wheel(built / "main", "demo-shared", "1.0")
+    shared_impostor = make_wheel(built / "impostor", "demo-shared", "9.9", "VALUE = 'impostor'\n")
+    main_index = simple_index(tmp_path / "main", {"demo-shared": [shared_main]})
+    torch_index = simple_index(tmp_path / "torch-index", {"torch": [torch], "demo-shared": [shared_impostor]})
+    spec = wheelhouse.spec_from_mapping(
+        {
+            **GOOD_STACK,
+            "platform": "manylinux_2_28_x86_64",
+            "index_url": main_index.as_uri(),
+            "torch_index_url": torch_index.as_uri(),
+            "requirements": ["torch==1.0+cpu"],
+        },
+        "test",
+    )
+    resolved = {entry.name: entry.version for entry in wheelhouse.resolve(spec)}
+    assert resolved == {"torch": "1.0+cpu", "demo-shared": "1.0"}
 
 
 def test_unresolvable_stack_gives_pip_error_in_one_line(

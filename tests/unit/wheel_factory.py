@@ -13,14 +13,19 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
-def make_wheel(directory: Path, name: str, version: str, module_body: str = "VALUE = 1\n") -> Path:
-    """A py3-none-any wheel of project `name` holding one module named after it."""
+def make_wheel(
+    directory: Path, name: str, version: str, module_body: str = "VALUE = 1\n", requires: tuple[str, ...] = ()
+) -> Path:
+    """A py3-none-any wheel of project `name` holding one module named after it, depending on `requires`."""
     directory.mkdir(parents=True, exist_ok=True)
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {requirement}\n" for requirement in requires
+    )
     files = {
         f"{dist}.py": module_body.encode(),
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/METADATA": metadata.encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: gpufleet-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record_lines = [f"{path},{_record_hash(data)},{len(data)}" for path, data in files.items()]
