@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import datetime
-import email.parser
 import hashlib
 import json
 import os
@@ -28,6 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.markers import InvalidMarker, Marker
+from packaging.metadata import parse_email
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from gpufleet.errors import GpufleetError
@@ -264,8 +267,7 @@ def linux_requirement(spec: str, machine: str = "x86_64") -> str:
     """'==0.0.30 ; platform_system == "Linux" and platform_machine == "x86_64"' -> '==0.0.30'; a spec that
     applies only to an extra or to another platform -> ''."""
     requirement_text, _, marker = (spec or "").partition(";")
-    marker = marker.strip()
-    if not requirement_text.strip() or "extra ==" in marker or not marker_applies(marker, machine):
+    if not requirement_text.strip() or not marker_applies(marker.strip(), machine):
         return ""
     return requirement_text.strip()
 
@@ -496,52 +498,55 @@ class WheelMetadata:
 
 
 def parse_metadata(text: str) -> WheelMetadata:
-    """Parse a core-metadata file (RFC 822 headers) into the fields the knowledge base uses."""
-    message = email.parser.Parser().parsestr(text, headersonly=True)
+    """Parse a core-metadata file into the fields the knowledge base uses (packaging's parser, no validation:
+    the knowledge base keeps what a release published, odd or not)."""
+    raw, _unparsed = parse_email(text)
     return WheelMetadata(
-        name=message.get("Name", ""),
-        version=message.get("Version", ""),
-        requires_python=message.get("Requires-Python", ""),
-        requires_dist=tuple(message.get_all("Requires-Dist") or ()),
+        name=str(raw.get("name", "")),
+        version=str(raw.get("version", "")),
+        requires_python=str(raw.get("requires_python", "")),
+        requires_dist=tuple(raw.get("requires_dist", ())),
     )
 
 
 def requirement(metadata: WheelMetadata, dist: str, machine: str = "x86_64") -> str:
-    """The Requires-Dist spec for `dist` that applies on Linux/`machine` (extras excluded): '==2.13.0+cpu; ...'."""
+    """The Requires-Dist spec for `dist` that applies on Linux/`machine` (extras excluded), as the release wrote
+    it after the name: '==2.13.0+cpu; ...'."""
     for line in metadata.requires_dist:
-        spec = line.strip()
-        match = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", spec)
-        if not match or canonical(match.group(1)) != canonical(dist):
+        try:
+            parsed = Requirement(line)
+        except InvalidRequirement:
             continue
-        rest = match.group(2)
-        marker = rest.split(";", 1)[1].strip() if ";" in rest else ""
-        if "extra ==" in marker or not marker_applies(marker, machine):
+        if canonicalize_name(parsed.name) != canonicalize_name(dist):
             continue
-        return rest.strip()
+        if parsed.marker is not None and not marker_applies(str(parsed.marker), machine):
+            continue
+        return line.strip()[len(parsed.name) :].strip()
     return ""
 
 
 def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return canonicalize_name(name)
+
+
+# Every CPython a stack can declare: a Requires-Dist line is left out only when no Python of these would take it.
+MARKER_PYTHONS = tuple(f"3.{minor}" for minor in range(8, 16))
 
 
 def marker_applies(marker: str, machine: str) -> bool:
-    """Evaluate the simple markers seen in these wheels for a Linux host of `machine` (or/and of ==/!=)."""
+    """Whether a PEP 508 marker holds on a Linux host of `machine` (packaging evaluates it), for some Python a stack
+    can declare and without extras: a line that applies only to an extra does not apply."""
     if not marker:
         return True
-    environment = {"platform_machine": machine, "platform_system": "Linux", "sys_platform": "linux"}
-    for alternative in re.split(r"\s+or\s+", marker):
-        if all(_marker_clause(clause, environment) for clause in re.split(r"\s+and\s+", alternative)):
-            return True
-    return False
-
-
-def _marker_clause(clause: str, environment: dict[str, str]) -> bool:
-    match = re.match(r"""^\(?\s*(\w+)\s*(==|!=)\s*["']([^"']*)["']\s*\)?$""", clause.strip())
-    if not match or match.group(1) not in environment:
-        return True  # markers this reader does not model (python_version, ...) do not exclude the line
-    equal = environment[match.group(1)] == match.group(3)
-    return equal if match.group(2) == "==" else not equal
+    try:
+        parsed = Marker(marker)
+    except InvalidMarker:
+        return True  # a marker packaging cannot read does not exclude the line (as before: pip decides)
+    environment = {"platform_machine": machine, "platform_system": "Linux", "sys_platform": "linux", "os_name": "posix"}
+    return any(
+        parsed.evaluate({**environment, "python_version": python, "python_full_version": f"{python}.0", "extra": ""})
+        for python in MARKER_PYTHONS
+    )
 
 
 def torch_cuda_runtime_pin(metadata: WheelMetadata) -> str:
