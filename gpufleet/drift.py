@@ -3,6 +3,7 @@ run (runner artifacts and the report), progress as nodes finish, and comparison 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,16 @@ from pathlib import Path
 
 from gpufleet import layers as layer_registry
 from gpufleet.errors import GpufleetError, UsageError
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport, ReportError, load_report
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import (
+    JSON_SCHEMA,
+    SCHEMA_NAME,
+    SCHEMA_VERSION,
+    FleetReport,
+    ReportError,
+)
 from gpufleet.runner import run_playbook, runs_dir
 
 # In provisioning order, from the layer registry (playbooks/vars/layers.yml); each layer is compared by the
@@ -125,7 +135,7 @@ def run_drift(
         quiet=True,
         event_handler=Progress(say),
     )
-    report = load_report(report_dir) if (report_dir / "report.json").is_file() else None
+    report = read_report(report_dir) if (report_dir / "report.json").is_file() else None
     return DriftRun(run_id, run_dir, result.rc, result.status, report)
 
 
@@ -167,6 +177,30 @@ def prune_artifacts(keep: int) -> list[Path]:
     return pruned
 
 
+def read_report(path: Path) -> FleetReport:
+    """Reads report.json (or the report.json inside a directory), checked against the report's JSON Schema;
+    ReportError naming the reason, or the first place where the document departs from the schema."""
+    path = path / "report.json" if path.is_dir() else path
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReportError(f"{path} does not exist") from None
+    except ValueError as error:
+        raise ReportError(f"{path} is not a drift report: {error}") from None
+    if isinstance(document, dict) and (document.get("schema"), document.get("version")) == (
+        SCHEMA_NAME,
+        SCHEMA_VERSION,
+    ):
+        violation = best_match(Draft202012Validator(JSON_SCHEMA).iter_errors(document))
+        if violation is not None:
+            where = "/".join(str(part) for part in violation.absolute_path) or "its top level"
+            raise ReportError(f"{path} does not follow the drift report's schema at {where}: {violation.message}")
+    try:
+        return FleetReport.from_dict(document)
+    except (AttributeError, TypeError, ValueError) as error:
+        raise ReportError(f"{path} is not a drift report: {error}") from None
+
+
 def find_report(reference: str) -> tuple[str, FleetReport]:
     """A stored run by id, `last`, `previous`, or a path (run directory, report directory or report.json)."""
     runs = stored_runs()
@@ -182,7 +216,7 @@ def find_report(reference: str) -> tuple[str, FleetReport]:
         if path.is_dir() and (path / REPORT_SUBDIR).is_dir():
             path = path / REPORT_SUBDIR
     try:
-        return reference, load_report(path)
+        return reference, read_report(path)
     except ReportError as error:
         raise GpufleetError(
             f"cannot compare with {reference}: {error}; list the stored runs with `gpufleet drift --runs`"

@@ -20,6 +20,7 @@ from gpufleet.drift import (
     find_report,
     parse_layers,
     prune_artifacts,
+    read_report,
     run_drift,
     stored_runs,
 )
@@ -30,7 +31,6 @@ from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import
     JSON_SCHEMA,
     FleetReport,
     compare_reports,
-    load_report,
 )
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report_formats import (
     REPORT_FILES,
@@ -225,7 +225,7 @@ def list_runs() -> int:
         print("no drift run is stored yet")
         return 0
     for path in runs:
-        report = load_report(path / "drift")
+        report = read_report(path / "drift")
         summary = report.summary()
         print(
             f"{path.name}  {report.started}  {summary['nodes']} nodes: {summary['ok']} ok, "

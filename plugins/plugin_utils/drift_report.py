@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 SCHEMA_NAME = "gpufleet-drift-report"
@@ -232,17 +231,6 @@ def format_value(value: Any) -> str:
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def load_report(path: Path) -> FleetReport:
-    """Reads report.json (or the report.json inside a directory); ReportError with the reason otherwise."""
-    path = path / "report.json" if path.is_dir() else path
-    try:
-        return FleetReport.from_dict(json.loads(path.read_text()))
-    except FileNotFoundError:
-        raise ReportError(f"{path} does not exist") from None
-    except (ValueError, AttributeError, TypeError) as error:
-        raise ReportError(f"{path} is not a drift report: {error}") from None
 
 
 # ---- building a report from a run's results ------------------------------------------------------

@@ -16,7 +16,8 @@ from pathlib import Path
 from test_driver_support import publish_standins, sh
 
 from gpufleet import PROJECT_ROOT
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport, load_report
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import FleetReport
+from gpufleet.drift import read_report
 
 BIN = Path(sys.executable).parent
 # The layers the lab converges for these tests (serve and proxy start vLLM and nginx: other tests own them).
@@ -123,7 +124,7 @@ def gpufleet(
 
 def last_report(runs: Path) -> FleetReport:
     latest = sorted(path for path in runs.iterdir() if path.name.endswith("-drift"))[-1]
-    return load_report(latest / "drift")
+    return read_report(latest / "drift")
 
 
 def manifest(inventory: Path, host: str) -> list[str]:

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from gpufleet import PROJECT_ROOT
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import load_report
 from tests.integration.conftest import AnsibleRunner
+from gpufleet.drift import read_report
 
 CTL = "/usr/local/sbin/gpufleet-simgpuctl"
 BIN = Path(sys.executable).parent
@@ -54,7 +54,7 @@ def test_an_xid_keeps_the_instance_stopped_and_drift_reports_it(
             check=False,
         )
         assert drift.returncode == 2, drift.stdout + drift.stderr
-        report = load_report(next(tmp_path.glob("*-drift")) / "drift")
+        report = read_report(next(tmp_path.glob("*-drift")) / "drift")
         layer = report.nodes[node].layers["gpu_health"]
         assert layer.status == "drifted"
         assert [(item.field, item.expected) for item in layer.drift] == [("xid 79", "none since boot")]

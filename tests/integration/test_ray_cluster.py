@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from gpufleet import PROJECT_ROOT
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import load_report
+from gpufleet.drift import read_report
 from tests.integration.conftest import AnsibleRunner
 
 BIN = Path(sys.executable).parent
@@ -123,7 +123,7 @@ def drift(inventory: Path, runs: Path) -> tuple[int, object]:
     )
     reports = sorted(runs.glob("*-drift"))
     assert reports, result.stdout + result.stderr
-    return result.returncode, load_report(reports[-1] / "drift")
+    return result.returncode, read_report(reports[-1] / "drift")
 
 
 def cluster_info(inventory: Path, node: str, address: str, expect: list[str], timeout: int) -> dict:

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from gpufleet import PROJECT_ROOT, exit_codes
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import JSON_SCHEMA, load_report
+from gpufleet.drift import read_report
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import JSON_SCHEMA
 
 LAYERS = "base,driver,toolkit,serve"
 
@@ -99,7 +100,7 @@ def test_a_run_reports_drift_not_declared_layers_and_the_unreachable_node(first_
     assert "not compared: gone (unreachable): what drift this run found is not all there is (exit 3)" in result.stdout
     assert "  controller: 4 layers compared after" in result.stdout
     (run,) = list(runs.iterdir())
-    report = load_report(run / "drift")
+    report = read_report(run / "drift")
     assert report.run_id == run.name and report.layers == LAYERS.split(",")
     controller, gone = report.nodes["controller"], report.nodes["gone"]
     assert {layer: result.status for layer, result in controller.layers.items()} == {

@@ -11,13 +11,14 @@ from xml.etree import ElementTree
 import jsonschema
 import pytest
 
+from gpufleet.drift import read_report
+
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import (
     JSON_SCHEMA,
     FleetReport,
     ReportBuilder,
     ReportError,
     compare_reports,
-    load_report,
 )
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report_formats import (
     REPORT_FILES,
@@ -128,23 +129,36 @@ def test_json_follows_its_schema_and_reads_back(tmp_path: Path) -> None:
     assert document["nodes"]["lab-1"]["layers"]["toolkit"]["drift"] == [LINK_DRIFT]
     path = tmp_path / "report.json"
     path.write_text(to_json(report))
-    again = load_report(tmp_path)
+    again = read_report(tmp_path)
     assert again.to_dict() == report.to_dict()
 
 
 def test_a_report_that_is_not_one_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "report.json"
     with pytest.raises(ReportError, match="does not exist"):
-        load_report(path)
+        read_report(path)
     path.write_text(json.dumps({"schema": "something-else"}))
     with pytest.raises(ReportError, match="not a gpufleet-drift-report document"):
-        load_report(path)
+        read_report(path)
     path.write_text(json.dumps({"schema": "gpufleet-drift-report", "version": 7}))
     with pytest.raises(ReportError, match="report version 7 is not supported"):
-        load_report(path)
+        read_report(path)
     path.write_text("{not json")
     with pytest.raises(ReportError, match="is not a drift report"):
-        load_report(path)
+        read_report(path)
+
+
+def test_a_report_that_departs_from_its_schema_is_refused_naming_where(tmp_path: Path) -> None:
+    """Review (ecosystem, section 4): the report's JSON Schema was written but only the tests used it; a report with
+    a node status no gpufleet writes was read as if it were one."""
+    document = json.loads(to_json(fleet()))
+    document["nodes"]["lab-1"]["status"] = "fine"
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(
+        ReportError, match=r"does not follow the drift report's schema at nodes/lab-1/status: 'fine' is not one of"
+    ):
+        read_report(path)
 
 
 def test_markdown_tables_details_and_not_declared() -> None:
