@@ -1,18 +1,15 @@
 """The fleet drift report as one self-contained HTML page (`gpufleet drift --html FILE`): the run, its
 summary counts, a table of nodes by layers with one colour per status and a legend, then what is wrong with
-each node that is not ok. Inline CSS only: no JavaScript, nothing fetched from elsewhere. Every value taken
-from the report is HTML-escaped."""
+each node that is not ok. Inline CSS only: no JavaScript, nothing fetched from elsewhere. One jinja2 template
+with autoescape: every value taken from the report is HTML-escaped by default."""
 
 from __future__ import annotations
 
-from html import escape
+from jinja2 import Environment
 
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import (
     LAYER_STATUSES,
-    DriftItem,
     FleetReport,
-    LayerResult,
-    NodeResult,
     format_value,
 )
 
@@ -71,15 +68,6 @@ span.actual { color: #a3281a; font-weight: bold; }
 """
 
 
-def _e(value: object) -> str:
-    """Any value from the report, as text: quotes escaped too, so it is safe in an attribute as well."""
-    return escape(value if isinstance(value, str) else format_value(value), quote=True)
-
-
-def _nodes(count: int) -> str:
-    return f"{count} node" if count == 1 else f"{count} nodes"
-
-
 def stylesheet() -> str:
     rules = [
         f"td.status-{status}, span.status-{status} {{ background: {COLOURS[status]}; color: {TEXT_COLOURS[status]}; }}"
@@ -88,115 +76,87 @@ def stylesheet() -> str:
     return BASE_CSS + "\n".join(rules) + "\n"
 
 
+PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>gpufleet drift report {{ report.run_id or "unnamed" }}</title>
+<style>{{ stylesheet }}</style>
+</head>
+<body>
+<h1>gpufleet drift report</h1>
+<p class="run">Run <code>{{ report.run_id or "unnamed" }}</code>, {{ report.started }} to {{ report.finished }} {#-#}
+ ({{ "%.1f" | format(report.duration_seconds) }} s), playbook <code>{{ report.playbook }}</code></p>
+<ul class="summary"><li>{{ summary.nodes }} node{{ "" if summary.nodes == 1 else "s" }}</li>
+{%- for status in ["ok", "drifted", "unreachable", "error", "cordoned"] if status != "cordoned" or summary.cordoned -%}
+<li class="count-{{ status }}">{{ summary[status] }} {{ labels[status] }}</li>
+{%- endfor -%}
+<li class="exit-code">exit code {{ summary.exit_code }}</li></ul>
+{% if report.not_compared() %}
+<p class="not-compared">Not compared: {{ report.not_compared() | join(", ") }}: what drift this run found is {#-#}
+ not all there is.</p>
+{% endif %}
+<table class="fleet">
+<thead><tr><th>node</th>{% for layer in report.layers %}<th>{{ layer }}</th>{% endfor %}</tr></thead>
+<tbody>
+{% for name, node in nodes %}
+<tr class="node node-{{ node.status }}"><th scope="row">{{ name }}</th>
+{%- for layer in report.layers %}{% set result = node.layers.get(layer) %}
+{%- if result is none %}<td class="status-none"></td>
+{%- else %}<td class="status-{{ result.status }}" title="{{ result.summary() }}">
+{%- if node.status != "ok" and result.status not in ["ok", "not_declared"] -%}
+<a href="#node-{{ index_of[name] }}" style="color: inherit">{{ labels[result.status] }}</a>
+{%- else %}{{ labels[result.status] }}{% endif %}</td>
+{%- endif %}{% endfor %}</tr>
+{% endfor %}
+</tbody>
+</table>
+<ul class="legend">
+{%- for status in statuses -%}
+<li><span class="swatch status-{{ status }}"></span>{{ labels[status] }}: {{ meanings[status] }}</li>
+{%- endfor -%}
+</ul>
+{% for name, node in nodes if node.status != "ok" %}
+<section class="node" id="node-{{ index_of[name] }}">
+<h2><code>{{ node.name }}</code>: <span class="status-{{ node.status }}">&nbsp;{{ labels[node.status] }}&nbsp;</span></h2>
+{% if node.status == "unreachable" %}
+<p class="unreachable">Not reached: {{ node.message or (node.layers.values() | selectattr("status", "equalto", "unreachable")
+  | map(attribute="summary") | map("call") | unique | sort | join("; ")) }}</p>
+{% else %}{% for layer, result in node.layers.items() %}
+{% if result.status == "drifted" %}
+<h3>{{ layer }}: drifted</h3>
+<ul class="drift">
+{% for item in result.drift %}
+<li><code>{{ item.check }}: {{ item.field }}</code>: <span class="expected">{{ item.expected | text }}</span> {#-#}
+ &rarr; <span class="actual">{{ item.actual | text }}</span>{% if item.detail %}
+<pre>{{ item.detail }}</pre>{% endif %}</li>
+{% endfor %}
+</ul>
+{% elif result.status == "cordoned" %}
+<p class="cordoned">Cordoned: {{ result.summary() }}</p>
+{% elif result.status in ["error", "unreachable"] %}
+<p class="{{ result.status }}">{{ layer }}: {{ result.status }}: {{ result.summary() }}</p>
+{% endif %}{% endfor %}{% endif %}
+</section>
+{% endfor %}
+{% if not_declared %}
+<h2>Not declared</h2>
+<ul class="not-declared">
+{% for line in not_declared %}<li>{{ line }}</li>
+{% endfor %}</ul>
+{% endif %}
+</body>
+</html>
+"""
+
+_ENVIRONMENT = Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+_ENVIRONMENT.filters["text"] = lambda value: value if isinstance(value, str) else format_value(value)
+_ENVIRONMENT.filters["call"] = lambda method: method()
+
+
 def to_html(report: FleetReport) -> str:
-    title = f"gpufleet drift report {report.run_id or 'unnamed'}"
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8">',
-        f"<title>{_e(title)}</title>",
-        f"<style>{stylesheet()}</style>",
-        "</head>",
-        "<body>",
-        _heading(report),
-        _table(report),
-        _legend(),
-    ]
-    numbered = sorted(report.nodes.items())
-    parts += [_node_section(index, node) for index, (_, node) in enumerate(numbered) if node.status != "ok"]
-    parts += [_not_declared(report), "</body>", "</html>"]
-    return "\n".join(part for part in parts if part) + "\n"
-
-
-def _heading(report: FleetReport) -> str:
-    summary = report.summary()
-    counts = [f"<li>{_nodes(summary['nodes'])}</li>"]
-    counts += [
-        f'<li class="count-{status}">{summary[status]} {LABELS[status]}</li>'
-        for status in ("ok", "drifted", "unreachable", "error", "cordoned")
-        if status != "cordoned" or summary["cordoned"]
-    ]
-    counts.append(f'<li class="exit-code">exit code {summary["exit_code"]}</li>')
-    lines = [
-        "<h1>gpufleet drift report</h1>",
-        f'<p class="run">Run <code>{_e(report.run_id or "unnamed")}</code>, {_e(report.started)} to '
-        f"{_e(report.finished)} ({report.duration_seconds:.1f} s), playbook <code>{_e(report.playbook)}</code></p>",
-        '<ul class="summary">' + "".join(counts) + "</ul>",
-    ]
-    if report.not_compared():
-        lines.append(
-            f'<p class="not-compared">Not compared: {_e(", ".join(report.not_compared()))}: what drift '
-            f"this run found is not all there is.</p>"
-        )
-    return "\n".join(lines)
-
-
-def _table(report: FleetReport) -> str:
-    header = "<tr><th>node</th>" + "".join(f"<th>{_e(layer)}</th>" for layer in report.layers) + "</tr>"
-    rows = []
-    for index, (name, node) in enumerate(sorted(report.nodes.items())):
-        cells = [_cell(index, node, layer) for layer in report.layers]
-        rows.append(f'<tr class="node node-{node.status}"><th scope="row">{_e(name)}</th>' + "".join(cells) + "</tr>")
-    return '<table class="fleet">\n<thead>' + header + "</thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
-
-
-def _cell(index: int, node: NodeResult, layer: str) -> str:
-    result = node.layers.get(layer)
-    if result is None:
-        return '<td class="status-none"></td>'
-    label = LABELS[result.status]
-    if node.status != "ok" and result.status not in ("ok", "not_declared"):
-        label = f'<a href="#node-{index}" style="color: inherit">{label}</a>'
-    return f'<td class="status-{result.status}" title="{_e(result.summary())}">{label}</td>'
-
-
-def _legend() -> str:
-    items = [
-        f'<li><span class="swatch status-{status}"></span>{LABELS[status]}: {MEANINGS[status]}</li>'
-        for status in LAYER_STATUSES
-    ]
-    return '<ul class="legend">' + "".join(items) + "</ul>"
-
-
-def _node_section(index: int, node: NodeResult) -> str:
-    lines = [
-        f'<section class="node" id="node-{index}">',
-        f'<h2><code>{_e(node.name)}</code>: <span class="status-{node.status}">&nbsp;{LABELS[node.status]}&nbsp;'
-        "</span></h2>",
-    ]
-    if node.status == "unreachable":
-        reasons = sorted({result.summary() for result in node.layers.values() if result.status == "unreachable"})
-        lines.append(f'<p class="unreachable">Not reached: {_e(node.message or "; ".join(reasons))}</p>')
-    else:
-        lines += [_layer_block(layer, result) for layer, result in node.layers.items()]
-    lines.append("</section>")
-    return "\n".join(line for line in lines if line)
-
-
-def _layer_block(layer: str, result: LayerResult) -> str:
-    if result.status == "drifted":
-        items = "\n".join(_drift_item(item) for item in result.drift)
-        return f'<h3>{_e(layer)}: drifted</h3>\n<ul class="drift">\n{items}\n</ul>'
-    if result.status == "cordoned":
-        return f'<p class="cordoned">Cordoned: {_e(result.summary())}</p>'
-    if result.status in ("error", "unreachable"):
-        return f'<p class="{result.status}">{_e(layer)}: {result.status}: {_e(result.summary())}</p>'
-    return ""
-
-
-def _drift_item(item: DriftItem) -> str:
-    text = (
-        f'<li><code>{_e(item.check)}: {_e(item.field)}</code>: <span class="expected">{_e(item.expected)}'
-        f'</span> &rarr; <span class="actual">{_e(item.actual)}</span>'
-    )
-    if item.detail:
-        text += f"\n<pre>{_e(item.detail)}</pre>"
-    return text + "</li>"
-
-
-def _not_declared(report: FleetReport) -> str:
-    lines = sorted(
+    nodes = sorted(report.nodes.items())
+    not_declared = sorted(
         {
             f"{layer}: {result.message}"
             for node in report.nodes.values()
@@ -204,10 +164,14 @@ def _not_declared(report: FleetReport) -> str:
             if result.status == "not_declared"
         }
     )
-    if not lines:
-        return ""
-    return (
-        '<h2>Not declared</h2>\n<ul class="not-declared">\n'
-        + "\n".join(f"<li>{_e(line)}</li>" for line in lines)
-        + "\n</ul>"
+    return _ENVIRONMENT.from_string(PAGE).render(
+        report=report,
+        summary=report.summary(),
+        nodes=nodes,
+        index_of={name: index for index, (name, _) in enumerate(nodes)},
+        not_declared=not_declared,
+        stylesheet=stylesheet(),
+        statuses=LAYER_STATUSES,
+        labels=LABELS,
+        meanings=MEANINGS,
     )
