@@ -335,13 +335,13 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
         run_playbooks(inventory, tampered, ["serve", "proxy"])
     other_before = manifest(inventory, untouched)
     booted = boot_id(inventory, tampered)
-    # When the venv in service was created (its pyvenv.cfg is written once, by `python -m venv`; not its
-    # inode: the new venv has the old one's path, and the file system hands the freed inode number out again)
-    # and the installers' logs (rewritten by every install).
+    # When the venv in service was created (its pyvenv.cfg is written once, by `python -m venv`) and the
+    # installers' logs (rewritten by every install).
     installed = (
         "stat -c %Y $(readlink -f /opt/gpufleet/venvs/current)/pyvenv.cfg; "
         "stat -c %Y /var/log/nvidia-installer.log /var/log/cuda-installer.log"
     )
+    venv_in_service = sh(inventory, tampered, "readlink /opt/gpufleet/venvs/current")[1].strip()
     rc, before = sh(inventory, tampered, installed)
     assert rc == 0, before
 
@@ -370,6 +370,9 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
     venv_before, *logs_before = before.split()
     venv_after, *logs_after = after.split()
     assert int(venv_after) > int(venv_before), f"the venv was built again: pyvenv.cfg {venv_before} -> {venv_after}"
+    # Beside the one in service, which is kept whole as the previous one (review M12: it was deleted first).
+    links = sh(inventory, tampered, "readlink /opt/gpufleet/venvs/current /opt/gpufleet/venvs/previous")[1].split()
+    assert links[0] != venv_in_service and ".rebuilt-" in links[0] and links[1] == venv_in_service, links
     assert all(new > old for old, new in zip(logs_before, logs_after, strict=True)), (
         f"the driver and toolkit installers ran again: log times {logs_before} -> {logs_after}"
     )
@@ -381,8 +384,8 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
     # last play started them again, health-gated, so the node serves through its proxy.
     serving = sh(inventory, tampered, serving_now)[1]
     assert serving.split() == ["active", "active", "200"], serving
-    # Not one failed start on the way: the driver layer rebooted the node with its venv removed, and an instance
-    # still enabled at boot would have crash-looped to start-limit-hit before the run started it again.
+    # Not one failed start on the way: the driver layer rebooted the node in the middle of the rebuild, and an
+    # instance still enabled at boot would have crash-looped to start-limit-hit before the run started it again.
     rc, failures = sh(
         inventory,
         tampered,
