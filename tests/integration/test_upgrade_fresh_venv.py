@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_drift_support import BIN, PROJECT_ROOT, gpufleet
+from test_drift_support import BIN, PROJECT_ROOT, gpufleet, run_playbooks
 from test_rollout import RUNNING, THROUGH_PROXY, state
 
 pytestmark = pytest.mark.lab
@@ -75,6 +75,8 @@ def test_a_fresh_venv_that_fails_to_build_leaves_the_node_on_the_venv_it_had(
     lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
 ) -> None:
     node = sorted(lab_hosts)[0]
+    if state(lab_inventory, node, RUNNING).splitlines()[:2] != ["active", "active"]:
+        run_playbooks(lab_inventory, node, ["serve", "proxy"])
     in_service, previous = links(lab_inventory, node)
     # pip refuses an option it does not know: the new venv's install fails after the venv directory exists.
     (host_vars / f"{node}.yml").write_text(
@@ -85,7 +87,9 @@ def test_a_fresh_venv_that_fails_to_build_leaves_the_node_on_the_venv_it_had(
     )
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-6000:]
-    assert "no such option: --gpufleet-no-such-option" in output, output[-6000:]
+    assert re.search(r"installing the lock into \S+\.rebuilt-[0-9T]+ failed: pip exited 2", output), output[-6000:]
+    # Said as the node's state, with the command that starts it again.
+    assert f"{node}: NOT SERVING vllm@greedy.service, vllm@main.service" in output, output[-6000:]
     # The venv in service and the previous one are as they were, and the one in service is whole.
     assert links(lab_inventory, node) == (in_service, previous)
     assert state(lab_inventory, node, WHOLE.format(venv=in_service)).strip() == "whole"
