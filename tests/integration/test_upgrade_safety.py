@@ -147,3 +147,60 @@ def test_a_controller_killed_while_an_instance_is_renamed_is_finished_by_the_nex
         assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
     # main did not change: neither the rename, nor the rollback, nor the rename back restarted it.
     assert state(lab_inventory, node, "systemctl show -p ActiveEnterTimestamp vllm@main") == main_started
+
+
+@pytest.mark.slow
+def test_a_controller_killed_during_a_rollback_is_finished_by_the_next_run(
+    lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
+) -> None:
+    """The kill matrix's rollback phase (make test-slow): an upgrade whose instances never pass their health gate
+    is being rolled back when the controller is killed; the node is left drained with its journal at
+    `rolling_back`; the next run (the declaration taken back, --break-lease) rolls it back first and leaves it
+    serving with nothing stopped."""
+    node = sorted(lab_hosts)[0]
+    serving = state(lab_inventory, node, SERVING)
+    defaults = yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instance_defaults"]
+    (host_vars / f"{node}.yml").write_text(
+        yaml.safe_dump(
+            {
+                "vllm_service_instance_defaults": {**defaults, "extra_args": ["--gpufleet-no-such-option"]},
+                "vllm_service_health_timeout": 45,
+                "vllm_service_restart_sec": 60,
+            }
+        )
+    )
+    command = [str(BIN / "gpufleet"), "upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve"]
+    with (tmp_path / "killed.log").open("w") as log:
+        upgrade = subprocess.Popen(
+            command,
+            cwd=PROJECT_ROOT,
+            env=dict(os.environ, GPUFLEET_RUNS_DIR=str(tmp_path)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while (
+                time.monotonic() < deadline and upgrade.poll() is None and phase(lab_inventory, node) != "rolling_back"
+            ):
+                time.sleep(1)
+            assert upgrade.poll() is None, (tmp_path / "killed.log").read_text()[-4000:]
+        finally:
+            os.killpg(upgrade.pid, signal.SIGKILL)
+            upgrade.wait()
+            subprocess.run(["pkill", "-KILL", "-f", "ansible-playbook.*upgrade.yml"], check=False)
+    assert phase(lab_inventory, node) == "rolling_back"
+    assert state(lab_inventory, node, THROUGH_PROXY).split()[-1] == "drained"
+
+    (host_vars / f"{node}.yml").unlink()
+    result = gpufleet(
+        tmp_path, "upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve", "--break-lease"
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "left in phase rolling_back" in output, output[-6000:]
+    assert phase(lab_inventory, node) == "done"
+    assert state(lab_inventory, node, SERVING) == serving
+    assert state(lab_inventory, node, RUNNING).splitlines()[:2] == ["active", "active"]
+    assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
