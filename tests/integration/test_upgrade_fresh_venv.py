@@ -144,3 +144,21 @@ def test_an_upgrade_whose_layers_still_differ_after_applying_rolls_the_node_back
         assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
     finally:
         state(lab_inventory, node, f"rm -rf {VENVS}/current/lib/python3*/site-packages/{HANDMADE}")
+
+
+def test_a_node_without_a_venv_does_not_stop_the_fleets_upgrade(
+    lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path: Path
+) -> None:
+    """Review M12: the upgrade's check of every node before any is touched ran vllm_service's preflight, which
+    refuses a venv that does not exist, with any_errors_fatal: one node whose venv build was killed stopped every
+    node's upgrade. Here the second node has no venv in service and the whole lab is upgraded (layer proxy)."""
+    first, second = sorted(lab_hosts)[:2]
+    state(lab_inventory, second, f"mv {VENVS}/current {VENVS}/current.aside")
+    try:
+        result = gpufleet(tmp_path, "upgrade", "-i", str(lab_inventory), "--layers", "proxy")
+    finally:
+        state(lab_inventory, second, f"mv {VENVS}/current.aside {VENVS}/current")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "does not exist on" not in output, output[-6000:]
+    assert f"upgrade: {first}: unchanged" in output and f"upgrade: {second}: unchanged" in output, output[-6000:]
