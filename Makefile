@@ -8,7 +8,7 @@ VENV_STAMP := $(VENV)/.gpufleet-installed
 SANITY_WHEELS := $(VENV)/sanity-wheels
 SANITY_STAMP := $(SANITY_WHEELS)/.downloaded
 
-.PHONY: demo test test-slow venv lock deps lint unit sanity clean collection ee-context
+.PHONY: demo test test-slow venv lock lock-release deps lint unit sanity clean collection ee-context release-check
 
 demo: venv deps
 	$(VENV)/bin/gpufleet demo
@@ -61,10 +61,19 @@ sanity: $(SANITY_STAMP)
 collection: venv
 	$(VENV)/bin/ansible-galaxy collection build --force --output-path build
 
+# Before a release: galaxy-importer, ansible-test sanity and antsibull-docs on the built tarball
+# (scripts/release-check.sh; its tools go into .venv-release from requirements-release.txt).
+release-check: collection $(SANITY_STAMP)
+	scripts/release-check.sh
+
+lock-release: venv
+	$(VENV)/bin/uv pip compile requirements-release.in --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock-release" -o requirements-release.txt
+
 # The build context execution-environment.yml expects: the collection tarball under a name without its version.
 ee-context: collection
 	mkdir -p ee-collections
 	cp build/gpufleet-fleet-$$($(VENV)/bin/python -c 'import yaml; print(yaml.safe_load(open("galaxy.yml"))["version"])').tar.gz ee-collections/gpufleet-fleet.tar.gz
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) .venv-release *.egg-info

@@ -8,6 +8,7 @@
 # and filled from PyPI. Neither is used here: a private HOME holds a pip.conf that installs only from the
 # wheelhouse `make venv` downloads beside the venv (SANITY_WHEELS), and a bootstrap script that runs pip
 # from that wheelhouse. A fresh HOME each run: nothing comes from an earlier run.
+# SANITY_TARBALL=<collection tarball> checks the built collection instead of the checkout.
 # `scripts/sanity.sh --download-wheels` fills that wheelhouse (online, once); other arguments go to
 # ansible-test (e.g. --test pep8). The checks run on the Ansible content: plugins/, roles/, playbooks/, meta/,
 # changelogs/ (the CLI, lab tooling, bench and tests are plain Python, not Ansible content).
@@ -50,11 +51,16 @@ trap 'rm -rf "$work"' EXIT
 
 dest="$work/ansible_collections/gpufleet/fleet"
 mkdir -p "$dest"
-git ls-files -z --cached --others --exclude-standard \
-  | while IFS= read -r -d '' file; do
-      if [ -e "$file" ] && ! { [ -L "$file" ] && [ -d "$file" ]; }; then printf '%s\0' "$file"; fi
-    done \
-  | tar --null --files-from=- -cf - | tar -xf - -C "$dest"
+if [ -n "${SANITY_TARBALL:-}" ]; then
+  # The built collection instead of the checkout (make release-check): what Galaxy's own sanity run sees.
+  tar -xzf "$SANITY_TARBALL" -C "$dest"
+else
+  git ls-files -z --cached --others --exclude-standard \
+    | while IFS= read -r -d '' file; do
+        if [ -e "$file" ] && ! { [ -L "$file" ] && [ -d "$file" ]; }; then printf '%s\0' "$file"; fi
+      done \
+    | tar --null --files-from=- -cf - | tar -xf - -C "$dest"
+fi
 
 export HOME="$work/home"
 mkdir -p "$HOME/.config/pip" "$HOME/.ansible/test/cache"
