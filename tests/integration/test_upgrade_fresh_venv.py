@@ -9,15 +9,13 @@ the node on the venv it had; before, the rebuild deleted the venv in service fir
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from test_drift_support import BIN, PROJECT_ROOT, gpufleet, run_playbooks
+from test_drift_support import gpufleet, run_playbooks
+from test_driver_support import play
 from test_rollout import RUNNING, THROUGH_PROXY, state
 
 pytestmark = pytest.mark.lab
@@ -113,29 +111,10 @@ def test_an_upgrade_whose_layers_still_differ_after_applying_rolls_the_node_back
     node = sorted(lab_hosts)[0]
     in_service, previous = links(lab_inventory, node)
     state(lab_inventory, node, PLANT)
-    extravars = tmp_path / "upgrade.json"
-    extravars.write_text(json.dumps({"upgrade_plan": {node: ["venv", "kernels"]}}))
     try:
-        result = subprocess.run(
-            [
-                str(BIN / "ansible-playbook"),
-                "-i",
-                str(lab_inventory),
-                "--limit",
-                node,
-                "-e",
-                f"@{extravars}",
-                str(PROJECT_ROOT / "playbooks" / "upgrade.yml"),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=PROJECT_ROOT,
-            timeout=2400,
-            check=False,
-            env=dict(os.environ, ANSIBLE_CONFIG=str(PROJECT_ROOT / "ansible.cfg")),
-        )
-        output = result.stdout + result.stderr
-        assert result.returncode != 0, output[-6000:]
+        run = play(lab_inventory, node, "upgrade.yml", extra={"upgrade_plan": {node: ["venv", "kernels"]}})
+        output = run.output
+        assert run.rc != 0, output[-6000:]
         assert "still differs from the declaration: layer venv (venv " in output, output[-6000:]
         assert "package gpufleet-handmade is 1.0, declared absent (not in the lock)" in output, output[-6000:]
         assert "rolled_back" in output, output[-6000:]
