@@ -1,7 +1,9 @@
-"""`playbooks/prune.yml` on a converged lab node (issue 12, item 7): what the node declares (its stack's runfiles
-and tarballs, its models, read through the real stack lookup) is never a candidate; three old entries planted
-in its cache, one named by a rollback record: check mode removes nothing, the prune removes the two unrecorded
-ones and nothing the node uses, and a rerun changes nothing. About 40 s."""
+"""`playbooks/prune.yml` on a converged lab node (issue 12, item 7; issue 28, review L11): what the node declares
+(its stack's runfiles and tarballs, its models, read through the real stack lookup) is never a candidate; old
+entries of one kind planted in its cache, one named by a rollback record: check mode removes nothing; with a
+retention that keeps every one of the node's own entries, the prune keeps that many of the planted kind too (the
+retention counts each kind on its own) and removes only the oldest planted ones beyond it, never the recorded one;
+a rerun changes nothing. About 40 s."""
 
 from __future__ import annotations
 
@@ -19,8 +21,13 @@ from gpufleet import PROJECT_ROOT
 
 CACHE = "/var/cache/gpufleet/artifacts"
 RECORD = "/var/lib/gpufleet/prune-test-record.json"
-PLANTED = {sha * 64: f"gpufleet-prune-test-{sha}.run" for sha in "012"}
-RECORDED = "2" * 64
+RECORDED = "f" * 64
+
+
+def planted_entries(count: int) -> dict[str, str]:
+    """sha256 -> file name of `count` unrecorded entries of one kind, oldest first, and the recorded one."""
+    entries = {f"{index:064x}": f"gpufleet-prune-test-{index}.run" for index in range(count)}
+    return {**entries, RECORDED: "gpufleet-prune-test-recorded.run"}
 
 
 def cached(inventory: Path, node: str) -> set[str]:
@@ -55,37 +62,49 @@ def said(output: str) -> tuple[int, str]:
 
 
 @pytest.fixture()
-def planted(lab_inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[tuple[str, set[str]]]:
+def node(lab_inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[str]:
     node = sorted(lab_hosts)[0]
-    before = cached(lab_inventory, node)
-    assert before, f"{node}'s artifact cache is empty: the suite's converged lab copies its artifacts there"
-    # Older than anything the lab cached: 2001-01-0N.
-    plant = "; ".join(
-        f"mkdir {CACHE}/{sha} && head -c 1000 /dev/zero > {CACHE}/{sha}/{name} && "
-        f"touch -d 2001-01-0{index + 1} {CACHE}/{sha}"
-        for index, (sha, name) in enumerate(PLANTED.items())
+    yield node
+    # Every planted entry (a sha256 directory holding a gpufleet-prune-test-* file), and the record.
+    sh(
+        lab_inventory,
+        node,
+        f"find {CACHE} -mindepth 2 -maxdepth 2 -name 'gpufleet-prune-test-*' -printf '%h\\n' | xargs -r rm -rf; "
+        f"rm -f {RECORD}",
     )
-    rc, text = sh(lab_inventory, node, f"set -e; {plant}; echo '{json.dumps({'sha256': RECORDED})}' > {RECORD}")
+
+
+def plant(inventory: Path, node: str, entries: dict[str, str]) -> None:
+    """Older than anything the lab cached (2001-01-01 onwards, oldest first); the last one named by a record."""
+    commands = "; ".join(
+        f"mkdir {CACHE}/{sha} && head -c 1000 /dev/zero > {CACHE}/{sha}/{name} && "
+        f"touch -d '2001-01-01 +{index} days' {CACHE}/{sha}"
+        for index, (sha, name) in enumerate(entries.items())
+    )
+    rc, text = sh(inventory, node, f"set -e; {commands}; echo '{json.dumps({'sha256': RECORDED})}' > {RECORD}")
     assert rc == 0, text
-    yield node, before
-    sh(lab_inventory, node, f"rm -rf {' '.join(f'{CACHE}/{sha}' for sha in PLANTED)} {RECORD}")
 
 
-def test_prune_keeps_what_the_node_uses_and_its_records_and_removes_old_entries(
-    lab_inventory: Path, planted: tuple[str, set[str]]
-) -> None:
-    node, real = planted
-    # Retention 0, check mode: every entry neither declared nor recorded is listed, nothing is removed.
-    count, files = said(prune(lab_inventory, node, retention=0, check=True))
-    assert cached(lab_inventory, node) == real | set(PLANTED)
-    assert PLANTED["0" * 64] in files and PLANTED["1" * 64] in files and PLANTED[RECORDED] not in files
+def test_prune_keeps_what_the_node_uses_and_its_records_and_removes_old_entries(lab_inventory: Path, node: str) -> None:
+    real = cached(lab_inventory, node)
+    assert real, f"{node}'s artifact cache is empty: the suite's converged lab copies its artifacts there"
+    # The node's own entries that it does not declare: a retention of that many keeps every one of them.
+    own, files = said(prune(lab_inventory, node, retention=0, check=True))
     for declared in ("NVIDIA-Linux-x86_64-", "tiny-qwen2.tar.gz", "Python-", "pyenv-"):
         assert declared not in files, f"{declared}* is declared by {node} but would be pruned: {files}"
-    undeclared = count - 2
+    # Two more of the planted kind than that retention keeps: the two oldest must go, and only they.
+    entries = planted_entries(own + 2)
+    plant(lab_inventory, node, entries)
 
-    # Retention = the node's own undeclared entries (newer than the planted ones): only the two old ones go.
-    count, files = said(prune(lab_inventory, node, retention=undeclared, check=False))
-    assert count == 2, files
-    assert cached(lab_inventory, node) == real | {RECORDED}
-    rerun = prune(lab_inventory, node, retention=undeclared, check=False)
+    # Retention 0, check mode: every entry neither declared nor recorded is listed, nothing is removed.
+    count, files = said(prune(lab_inventory, node, retention=0, check=True))
+    assert count == own + len(entries) - 1, files
+    assert cached(lab_inventory, node) == real | set(entries)
+    assert entries[RECORDED] not in files
+
+    count, files = said(prune(lab_inventory, node, retention=own, check=False))
+    oldest = list(entries)[:2]
+    assert count == 2 and sorted(files.split(", ")) == sorted(entries[sha] for sha in oldest), files
+    assert cached(lab_inventory, node) == real | (set(entries) - set(oldest))
+    rerun = prune(lab_inventory, node, retention=own, check=False)
     assert re.search(rf"{re.escape(node)}\s*:\s*ok=\d+\s+changed=0\s", rerun), rerun[-2000:]
