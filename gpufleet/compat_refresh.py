@@ -525,10 +525,6 @@ def requirement(metadata: WheelMetadata, dist: str, machine: str = "x86_64") -> 
     return ""
 
 
-def canonical(name: str) -> str:
-    return canonicalize_name(name)
-
-
 # Every CPython a stack can declare: a Requires-Dist line is left out only when no Python of these would take it.
 MARKER_PYTHONS = tuple(f"3.{minor}" for minor in range(8, 16))
 

@@ -11,11 +11,13 @@ host_vars files beside the lab inventory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,35 @@ def declare_main_option(host_vars: Path, node: str, max_num_seqs: int) -> None:
 
 def phase(inventory: Path, node: str) -> str:
     return str(json.loads(state(inventory, node, PHASE)).get("phase", ""))
+
+
+@contextlib.contextmanager
+def upgrade_killed_once(
+    inventory: Path, node: str, layers: str, tmp_path: Path, ready: Callable[[], bool], within: int
+) -> Iterator[None]:
+    """Runs `gpufleet upgrade` of the node as an operator would, waits (at most `within` seconds) until `ready()`
+    says it is in the step to kill it in, lets the body act while it still runs, then SIGKILLs the controller's
+    whole run: ansible-playbook runs in a terminal of its own (the runner's pexpect)."""
+    command = [str(BIN / "gpufleet"), "upgrade", "-i", str(inventory), "--limit", node, "--layers", layers]
+    with (tmp_path / "killed.log").open("w") as log:
+        upgrade = subprocess.Popen(
+            command,
+            cwd=PROJECT_ROOT,
+            env=dict(os.environ, GPUFLEET_RUNS_DIR=str(tmp_path)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline and upgrade.poll() is None and not ready():
+                time.sleep(1)
+            assert upgrade.poll() is None, (tmp_path / "killed.log").read_text()[-4000:]
+            yield
+        finally:
+            os.killpg(upgrade.pid, signal.SIGKILL)
+            upgrade.wait()
+            subprocess.run(["pkill", "-KILL", "-f", "ansible-playbook.*upgrade.yml"], check=False)
 
 
 def test_a_snapshot_that_cannot_be_written_changes_nothing(
@@ -82,39 +113,20 @@ def test_a_controller_killed_while_an_instance_is_renamed_is_finished_by_the_nex
         "ls -d /etc/systemd/system/vllm@*.service.d; systemctl is-active vllm@main vllm@greedy vllm@chat || true"
     )
     declare_renamed(host_vars, node, "chat")
-    command = [str(BIN / "gpufleet"), "upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve,proxy"]
-    with (tmp_path / "killed.log").open("w") as log:
-        upgrade = subprocess.Popen(
-            command,
-            cwd=PROJECT_ROOT,
-            env=dict(os.environ, GPUFLEET_RUNS_DIR=str(tmp_path)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+
+    def half_renamed() -> bool:
+        """greedy removed and chat starting: killed mid-apply."""
+        return phase(lab_inventory, node) == "applying" and "vllm@greedy" not in state(lab_inventory, node, instances)
+
+    with upgrade_killed_once(lab_inventory, node, "serve,proxy", tmp_path, half_renamed, within=300):
+        # A second operation meanwhile, from another controller (a lock directory of its own): refused by the
+        # node's lease, naming the upgrade. (The same controller's lock: tests/unit/test_fleet_lock.py.)
+        other = {"GPUFLEET_LOCK_DIR": str(tmp_path / "other-controller")}
+        second = gpufleet(
+            tmp_path, "cordon", "-i", str(lab_inventory), "--limit", node, "--reason", "second", env=other
         )
-        try:
-            # Killed once greedy is removed and chat starting: half-renamed, mid-apply.
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and upgrade.poll() is None:
-                if phase(lab_inventory, node) == "applying" and "vllm@greedy" not in state(
-                    lab_inventory, node, instances
-                ):
-                    break
-                time.sleep(1)
-            assert upgrade.poll() is None, (tmp_path / "killed.log").read_text()[-4000:]
-            # A second operation meanwhile, from another controller (a lock directory of its own): refused by the
-            # node's lease, naming the upgrade. (The same controller's lock: tests/unit/test_fleet_lock.py.)
-            other = {"GPUFLEET_LOCK_DIR": str(tmp_path / "other-controller")}
-            second = gpufleet(
-                tmp_path, "cordon", "-i", str(lab_inventory), "--limit", node, "--reason", "second", env=other
-            )
-            said = second.stdout + second.stderr
-            assert second.returncode != 0 and f"{node} is held by `gpufleet upgrade`" in said, said
-        finally:
-            # The controller's whole run: ansible-playbook runs in a terminal of its own (the runner's pexpect).
-            os.killpg(upgrade.pid, signal.SIGKILL)
-            upgrade.wait()
-            subprocess.run(["pkill", "-KILL", "-f", "ansible-playbook.*upgrade.yml"], check=False)
+        said = second.stdout + second.stderr
+        assert second.returncode != 0 and f"{node} is held by `gpufleet upgrade`" in said, said
     # Killed mid-upgrade: applying its layers, or gating them if the cordon above took long enough.
     killed_in = phase(lab_inventory, node)
     assert killed_in in ("applying", "gating")
@@ -169,27 +181,10 @@ def test_a_controller_killed_during_a_rollback_is_finished_by_the_next_run(
             }
         )
     )
-    command = [str(BIN / "gpufleet"), "upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve"]
-    with (tmp_path / "killed.log").open("w") as log:
-        upgrade = subprocess.Popen(
-            command,
-            cwd=PROJECT_ROOT,
-            env=dict(os.environ, GPUFLEET_RUNS_DIR=str(tmp_path)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            deadline = time.monotonic() + 600
-            while (
-                time.monotonic() < deadline and upgrade.poll() is None and phase(lab_inventory, node) != "rolling_back"
-            ):
-                time.sleep(1)
-            assert upgrade.poll() is None, (tmp_path / "killed.log").read_text()[-4000:]
-        finally:
-            os.killpg(upgrade.pid, signal.SIGKILL)
-            upgrade.wait()
-            subprocess.run(["pkill", "-KILL", "-f", "ansible-playbook.*upgrade.yml"], check=False)
+    with upgrade_killed_once(
+        lab_inventory, node, "serve", tmp_path, lambda: phase(lab_inventory, node) == "rolling_back", within=600
+    ):
+        pass  # killed as soon as the rollback has begun
     assert phase(lab_inventory, node) == "rolling_back"
     assert state(lab_inventory, node, THROUGH_PROXY).split()[-1] == "drained"
 
