@@ -38,6 +38,7 @@ def links(inventory: Path, node: str) -> tuple[str, str]:
     return current.strip(), previous.strip()
 
 
+@pytest.mark.slow
 def test_a_venv_with_a_package_outside_the_lock_is_built_again_beside_the_one_in_service(
     lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path: Path
 ) -> None:
