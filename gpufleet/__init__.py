@@ -6,7 +6,7 @@ from pathlib import Path
 
 # The one place of gpufleet's version: pyproject.toml reads it (setuptools' dynamic version), galaxy.yml repeats
 # it because ansible-galaxy reads only a literal there (tests/unit/test_collection_packaging.py fails when they
-# differ). A literal, not the installed metadata: an installed collection runs this package without pip.
+# differ). A literal, not the installed metadata: a checkout runs this package without installing it.
 __version__ = "0.1.0"
 
 
@@ -19,11 +19,11 @@ def collection_search_paths() -> list[Path]:
 
 
 def find_project_root() -> Path:
-    """The collection gpufleet.fleet this package belongs to: the checkout or installed collection around it, or
-    (a CLI installed with pip) the collection Ansible would find; else the package's parent, where the CLI then
-    says what is missing (gpufleet.collection.missing_collection)."""
+    """The collection gpufleet.fleet this package belongs to: the checkout around it, or (a CLI installed with pip;
+    the collection's tarball does not carry this package) the collection Ansible would find; else the package's
+    parent, where the CLI then says what is missing (gpufleet.collection.missing_collection)."""
     here = Path(__file__).resolve().parent.parent
-    if (here / "galaxy.yml").is_file() or (here / "MANIFEST.json").is_file():
+    if (here / "galaxy.yml").is_file():
         return here
     for base in collection_search_paths():
         candidate = base / "ansible_collections" / "gpufleet" / "fleet"

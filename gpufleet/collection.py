@@ -1,5 +1,5 @@
 """The Ansible side of gpufleet is the collection gpufleet.fleet, rooted at PROJECT_ROOT: a checkout, or a copy
-that ansible-galaxy installed (which carries this package too).
+that ansible-galaxy installed, which a CLI installed with pip finds on Ansible's collections path.
 
 Ansible finds the collection through a collections path; the CLI imports the collection's module_utils through
 the same path, so the controller runs the very files that modules ship to hosts.

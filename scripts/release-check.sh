@@ -25,8 +25,9 @@ failed=()
 echo "=== galaxy-importer"
 printf '[galaxy-importer]\nRUN_ANSIBLE_TEST = False\nRUN_ANSIBLE_LINT = True\n' > "$work/galaxy-importer.cfg"
 # Its warnings are shown (the sanity ignores the collection ships are one: Galaxy counts them); an error fails.
-GALAXY_IMPORTER_CONFIG="$work/galaxy-importer.cfg" PATH="$venv/bin:$PATH" \
-  "$venv/bin/python" -m galaxy_importer.main "$tarball" > "$work/importer.log" 2>&1 || failed+=(galaxy-importer)
+# (In the scratch directory: it writes importer_result.json where it runs.)
+(cd "$work" && GALAXY_IMPORTER_CONFIG="$work/galaxy-importer.cfg" PATH="$venv/bin:$PATH" \
+  "$venv/bin/python" -m galaxy_importer.main "$tarball" > "$work/importer.log" 2>&1) || failed+=(galaxy-importer)
 grep -v "^Loading" "$work/importer.log"
 grep -q "^ERROR" "$work/importer.log" && failed+=(galaxy-importer)
 

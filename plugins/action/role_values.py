@@ -41,6 +41,13 @@ def role_options(role: str) -> dict[str, dict]:
     return options
 
 
+def role_defaults(role: str) -> dict[str, Any]:
+    """The role's defaults/main.yml: the one place an option's default is written (the argument specs document
+    the plain ones and name the file for the computed ones)."""
+    path = ROLES_DIR / role / "defaults" / "main.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
 def role_rules(role: str) -> dict[str, str]:
     return yaml.safe_load((ROLES_DIR / role / "meta" / "value_rules.yml").read_text()) or {}
 
@@ -71,7 +78,7 @@ class ActionModule(ActionBase):
         checked = 0
         for role in roles:
             options = role_options(role)
-            values = self._values(options, task_vars)
+            values = self._values(options, role_defaults(role), task_vars)
             checked += len(values)
             lines.extend("%s: %s" % (host, line) for line in self._problems(role, options, values))
         result["checked"] = checked
@@ -79,14 +86,15 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg="\n".join(lines), problems=lines)
         return result
 
-    def _values(self, options: dict[str, dict], task_vars: dict) -> dict[str, Any]:
+    def _values(self, options: dict[str, dict], defaults: dict[str, Any], task_vars: dict) -> dict[str, Any]:
         """The value each option has for this host, where the inventory sets it or its default is derived."""
         values = {}
-        for name, spec in options.items():
+        for name in options:
+            default = defaults.get(name)
             if name in task_vars:
                 raw = task_vars[name]
-            elif isinstance(spec.get("default"), str) and "{{" in spec["default"] and "lookup(" not in spec["default"]:
-                raw = trust_as_template(spec["default"])
+            elif isinstance(default, str) and "{{" in default and "lookup(" not in default:
+                raw = trust_as_template(default)
             else:
                 continue
             try:

@@ -80,13 +80,16 @@ def test_the_tarball_carries_the_content_and_leaves_the_checkout_out(collection_
         "tests/sanity/ignore-2.19.txt",
     ):
         assert needed in names, needed
+    checkout_only = {".venv", ".git", ".mypy_cache", ".ruff_cache", ".ci", "molecule", "bench", "build"}
+    # The CLI (installed with pip), the lab and its stand-in installers, the scripts and the development lock.
+    checkout_only |= {"gpufleet", "lab", "scripts", "requirements.txt", "requirements.in", "pyproject.toml"}
     leaked = sorted(
         name
         for name in names
-        if name.split("/")[0] in {".venv", ".git", ".mypy_cache", ".ruff_cache", "molecule", "bench", "build"}
+        if name.split("/")[0] in checkout_only
         or (name.startswith("tests/") and name.split("/")[1] != "sanity")
+        or name.startswith(("inventories/lab/", "playbooks/lab_"))
         or "__pycache__" in name
-        or name.endswith("-hosts.yml")
     )
     assert leaked == []
 
@@ -113,13 +116,38 @@ def test_the_execution_environment_installs_what_the_controller_pins() -> None:
     deps = ee["dependencies"]
     assert deps["ansible_core"]["package_pip"] == pins["ansible-core"]
     assert deps["ansible_runner"]["package_pip"] == pins["ansible-runner"]
-    for requirement in deps["python"]:
-        assert requirement == pins[requirement.split("==")[0]]
-    assert (REPO / deps["system"]).is_file()
+    # The collection's own requirements come from its introspection (below), not from a list here.
+    assert "python" not in deps and "system" not in deps
     requirements = yaml.safe_load((REPO / deps["galaxy"]).read_text())
     (entry,) = requirements["collections"]
     (copied,) = ee["additional_build_files"]
     assert entry["name"].startswith(copied["dest"] + "/")
+
+
+def test_an_execution_environment_takes_only_the_runtime_requirements(installed: Path) -> None:
+    """Issue 30: the tarball carried the development lock as requirements.txt, and ansible-builder's introspection
+    put molecule, pytest, mypy and ruff into every execution environment that included the collection."""
+    result = subprocess.run(
+        [str(GALAXY.with_name("ansible-builder")), "introspect", "--sanitize", str(installed)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    introspected = yaml.safe_load(result.stdout)
+    runtime = _requirement_lines(REPO / "meta/requirements.txt")
+    python = [line.split("#")[0].strip() for line in introspected.get("python") or []]
+    # ansible-builder leaves out what every EE has (PyYAML among them); the rest is the collection's runtime list.
+    assert set(python) <= set(runtime), python
+    development = {line.split("==")[0].lower() for line in _requirement_lines(REPO / "requirements.in")}
+    assert not {re.split(r"[<>=\[ ]", line)[0].lower() for line in python} & (development - {"pyyaml"}), python
+    system = [line.split("#")[0].strip() for line in introspected.get("system") or []]
+    assert system == _requirement_lines(REPO / "bindep.txt")
+
+
+def _requirement_lines(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
 def _only_path(path: Path) -> dict[str, str]:
@@ -215,38 +243,6 @@ def test_the_installed_playbooks_pass_a_syntax_check(installed: Path, tmp_path: 
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_the_cli_of_the_installed_copy_runs_its_playbooks(installed: Path, tmp_path: Path) -> None:
-    # `gpufleet plan` runs playbooks/preflight.yml (on the controller, in check mode) of the copy the CLI is in.
-    root = installed / "ansible_collections/gpufleet/fleet"
-    example = root / "inventories/example"
-    env = {
-        **_only_path(tmp_path / "nothing-here"),
-        "PYTHONPATH": str(root),
-        "ANSIBLE_VAULT_PASSWORD_FILE": str(example / "example-vault-password"),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "gpufleet", "plan", "-i", str(example), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert json.loads(result.stdout)["compatible"] is True
-    # ... and that copy is the installed one, not the checkout the test runs from.
-    where = subprocess.run(
-        [sys.executable, "-c", "import gpufleet; print(gpufleet.PROJECT_ROOT)"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert where.stdout.strip() == str(root)
 
 
 def test_the_lock_pins_every_direct_requirement_with_hashes() -> None:
