@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlsplit
 
 import yaml
 
@@ -242,7 +242,15 @@ def pip_target_args(spec: StackSpec) -> list[str]:
     return args
 
 
-def resolve(spec: StackSpec, keep: list[Any] | None = None) -> list[Any]:
+@dataclass(frozen=True)
+class Resolution:
+    """Lock entries and the projects whose wheels came from PyTorch's index (the rest from the main index)."""
+
+    entries: list[Any]
+    from_torch_index: frozenset[str] = frozenset()
+
+
+def resolve(spec: StackSpec, keep: list[Any] | None = None) -> Resolution:
     """Resolves the requirements for the nodes' platform; returns lock entries minus the excluded projects.
     `keep` (entries of a previous lock) become constraints: what they pin stays at its version."""
     with tempfile.TemporaryDirectory(prefix="gpufleet-resolve-") as tmp:
@@ -279,7 +287,7 @@ def resolve(spec: StackSpec, keep: list[Any] | None = None) -> list[Any]:
                 f"python {spec.python} on {spec.platform}: {' / '.join(errors)}"
             )
         report = json.loads(report_path.read_text())
-    return entries_from_report(report, spec)
+    return Resolution(entries_from_report(report, spec), from_torch_index(report, spec))
 
 
 def entries_from_report(report: dict[str, Any], spec: StackSpec) -> list[Any]:
@@ -302,6 +310,41 @@ def entries_from_report(report: dict[str, Any], spec: StackSpec) -> list[Any]:
     return entries
 
 
+def from_torch_index(report: dict[str, Any], spec: StackSpec) -> frozenset[str]:
+    """The projects pip took from PyTorch's index: their wheel's URL is under it (or on its host, where the main
+    index is elsewhere: the index's pages may link wheels by another path of the same host)."""
+    if not spec.torch_index_url:
+        return frozenset()
+    torch_index = urlsplit(spec.torch_index_url)
+    other_host = torch_index.netloc != urlsplit(spec.index_url).netloc
+    names = set()
+    for item in report.get("install", []):
+        url = item.get("download_info", {}).get("url", "")
+        if url.startswith(spec.torch_index_url.rstrip("/") + "/") or (
+            other_host and torch_index.netloc and urlsplit(url).netloc == torch_index.netloc
+        ):
+            names.add(pip_lock.canonical_name(item["metadata"]["name"]))
+    return frozenset(names)
+
+
+def source_changes(previous: Any, current: Any) -> list[str]:
+    """What the new lock takes from another index than the lock it replaces (both written with their sources):
+    a torch that PyTorch's index no longer offers at the pinned version comes from the main index, another build."""
+    if TORCH_INDEX_HEADER not in previous.header or TORCH_INDEX_HEADER not in current.header:
+        return []
+    before, after = (set(lock.header[TORCH_INDEX_HEADER].split()) - {"-"} for lock in (previous, current))
+    pinned = set(previous.by_name()) & set(current.by_name())
+    return [
+        f"source changed: {name} now comes from "
+        + (
+            "PyTorch's index (the previous lock took it from the main index)"
+            if name in after
+            else "the main index (the previous lock took it from PyTorch's index): check it is the build you want"
+        )
+        for name in sorted((before ^ after) & pinned)
+    ]
+
+
 def _report_sha256(info: dict[str, Any]) -> str:
     archive = info.get("archive_info", {})
     hashes = archive.get("hashes") or {}
@@ -311,20 +354,27 @@ def _report_sha256(info: dict[str, Any]) -> str:
     return legacy.split("=", 1)[1] if legacy.startswith("sha256=") else ""
 
 
-def lock_header(spec: StackSpec) -> dict[str, str]:
-    return {
+# The lock's header line naming what came from PyTorch's index (written when the stack names that index).
+TORCH_INDEX_HEADER = "from-torch-index"
+
+
+def lock_header(spec: StackSpec, from_torch_index: frozenset[str] = frozenset()) -> dict[str, str]:
+    header = {
         "stack": spec.id,
         "spec-sha256": spec.digest(),
         "python": spec.python,
         "platform": spec.platform,
         "requirements": " ".join(spec.requirements),
         "excluded": " ".join(sorted(spec.exclude)) or "-",
-        "generated-by": "gpufleet wheelhouse build (edit the stack, not this file)",
     }
+    if spec.torch_index_url:
+        header[TORCH_INDEX_HEADER] = " ".join(sorted(from_torch_index)) or "-"
+    header["generated-by"] = "gpufleet wheelhouse build (edit the stack, not this file)"
+    return header
 
 
-def write_lock(path: Path, spec: StackSpec, entries: list[Any]) -> None:
-    text = pip_lock.format_lock(lock_header(spec), entries)
+def write_lock(path: Path, spec: StackSpec, resolution: Resolution) -> None:
+    text = pip_lock.format_lock(lock_header(spec, resolution.from_torch_index), resolution.entries)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.part")
     partial.write_text(text)
@@ -524,8 +574,8 @@ def build(
     """Lock (reused when the declaration is unchanged), download what the cache lacks, publish."""
     started = time.monotonic()
     cache = cache or cache_root() / "wheels"
-    entries, action = _lock_entries(spec, lock_path, upgrade, say)
-    report = BuildReport(spec, lock_path, action, packages=len(entries))
+    entries, action, changes = _lock_entries(spec, lock_path, upgrade, say)
+    report = BuildReport(spec, lock_path, action, packages=len(entries), notes=changes)
     report.downloaded = download_missing(spec, entries, cache, say)
     report.total_bytes = sum(cached_wheel(cache, entry).stat().st_size for entry in entries)
     if mirror_dir is not None:
@@ -538,26 +588,29 @@ def build(
 
 def _lock_entries(
     spec: StackSpec, lock_path: Path, upgrade: bool, say: Callable[[str], None] = print
-) -> tuple[list[Any], str]:
-    previous = read_lock(lock_path) if lock_path.exists() and not upgrade else None
+) -> tuple[list[Any], str, list[str]]:
+    """The lock's entries, how they were had, and which projects now come from another index than before."""
+    replaced = read_lock(lock_path) if lock_path.exists() else None
+    previous = None if upgrade else replaced
     if previous is not None and previous.header.get("spec-sha256") == spec.digest():
-        return previous.entries, "reused"
+        return previous.entries, "reused", []
     started = time.monotonic()
     say(
         f"stack {spec.id}: resolving {len(spec.requirements)} requirements for python {spec.python} on "
         f"{spec.platform} (pip reads each candidate's metadata: minutes for a GPU stack)"
     )
     if previous is not None:
-        entries, action = _resolve_keeping(spec, previous.entries)
+        resolution, action = _resolve_keeping(spec, previous.entries)
     else:
-        action = "resolved" if not lock_path.exists() else "re-resolved (--upgrade)"
-        entries = resolve(spec)
-    say(f"stack {spec.id}: {len(entries)} packages resolved in {time.monotonic() - started:.0f} s")
-    write_lock(lock_path, spec, entries)
-    return read_lock(lock_path).entries, action
+        action = "resolved" if replaced is None else "re-resolved (--upgrade)"
+        resolution = resolve(spec)
+    say(f"stack {spec.id}: {len(resolution.entries)} packages resolved in {time.monotonic() - started:.0f} s")
+    write_lock(lock_path, spec, resolution)
+    written = read_lock(lock_path)
+    return written.entries, action, source_changes(replaced, written) if replaced is not None else []
 
 
-def _resolve_keeping(spec: StackSpec, previous: list[Any]) -> tuple[list[Any], str]:
+def _resolve_keeping(spec: StackSpec, previous: list[Any]) -> tuple[Resolution, str]:
     """A changed declaration keeps the previous lock's versions where they still fit, so adding one
     requirement (Ray for a cluster) adds its wheels without moving the rest; when they no longer fit
     (a new vLLM pins another torch) it is resolved afresh, as --upgrade would."""

@@ -201,9 +201,9 @@ def _entries() -> list:
 
 
 def test_lock_round_trip_keeps_header_entries_hashes_and_files(tmp_path: Path) -> None:
-    spec = wheelhouse.spec_from_mapping(GOOD_STACK, "x")
+    spec = wheelhouse.spec_from_mapping({**GOOD_STACK, "torch_index_url": "file:///srv/torch-index"}, "x")
     path = tmp_path / "locks" / "s.lock"
-    wheelhouse.write_lock(path, spec, _entries())
+    wheelhouse.write_lock(path, spec, wheelhouse.Resolution(_entries(), frozenset({"torch"})))
     text = path.read_text()
     assert text.splitlines()[0] == "# gpufleet lock: demo-1.0-py311"
     assert text.index("Jinja2==3.1.6") < text.index("torch==2.13.0+cpu"), "sorted by canonical name"
@@ -212,6 +212,9 @@ def test_lock_round_trip_keeps_header_entries_hashes_and_files(tmp_path: Path) -
     jinja = lock.by_name()["jinja2"]
     assert jinja.hashes == ("b" * 64, "c" * 64) and jinja.filename == "jinja2-3.1.6-py3-none-any.whl"
     assert lock.by_name()["torch"].version == "2.13.0+cpu"
+    # Where the torch-family wheels came from (written where the stack names PyTorch's index).
+    assert lock.header["from-torch-index"] == "torch"
+    assert "from-torch-index" not in wheelhouse.lock_header(wheelhouse.spec_from_mapping(GOOD_STACK, "x"))
 
 
 @pytest.mark.parametrize(
@@ -439,8 +442,46 @@ def test_a_name_the_pytorch_index_also_serves_is_taken_from_the_main_index_only(
         },
         "test",
     )
-    resolved = {entry.name: entry.version for entry in wheelhouse.resolve(spec)}
-    assert resolved == {"torch": "1.0+cpu", "demo-shared": "1.0"}
+    resolution = wheelhouse.resolve(spec)
+    assert {entry.name: entry.version for entry in resolution.entries} == {"torch": "1.0+cpu", "demo-shared": "1.0"}
+    assert resolution.from_torch_index == {"torch"}
+
+
+def test_a_new_lock_names_what_it_takes_from_another_index_than_the_lock_it_replaces(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    """Issue 29 (review M13): a new lock's sources are diffed against the previous lock's. PyTorch's index no
+    longer offers the pinned torch and the main index has a torch of that version: the build takes it from there
+    (another build of it, in practice) and says so; the lock records where each torch-family wheel came from."""
+    built = tmp_path / "built"
+    torch = make_wheel(built / "torch", "torch", "1.0+cpu")
+    stack = {**GOOD_STACK, "platform": "manylinux_2_28_x86_64", "requirements": ["torch==1.0+cpu"]}
+    first = wheelhouse.spec_from_mapping(
+        {
+            **stack,
+            "index_url": simple_index(tmp_path / "main-1", {"other": []}).as_uri(),
+            "torch_index_url": simple_index(tmp_path / "torch-1", {"torch": [torch]}).as_uri(),
+        },
+        "test",
+    )
+    lock_path = tmp_path / "locks" / "stack.lock"
+    report = wheelhouse.build(first, lock_path, None)
+    assert wheelhouse.read_lock(lock_path).header["from-torch-index"] == "torch"
+    assert not [note for note in report.notes if "source changed" in note]
+
+    moved = wheelhouse.spec_from_mapping(
+        {
+            **stack,
+            "index_url": simple_index(tmp_path / "main-2", {"torch": [torch]}).as_uri(),
+            "torch_index_url": simple_index(tmp_path / "torch-2", {"other": []}).as_uri(),
+        },
+        "test",
+    )
+    report = wheelhouse.build(moved, lock_path, None, upgrade=True)
+    assert wheelhouse.read_lock(lock_path).header["from-torch-index"] == "-"
+    (note,) = [note for note in report.notes if "source changed" in note]
+    assert note.startswith("source changed: torch now comes from the main index (the previous lock took it from")
+    assert note in report.render()
 
 
 def test_unresolvable_stack_gives_pip_error_in_one_line(
