@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,9 @@ THROUGH_PROXY = (
     "curl -sk -o /dev/null -w '%{http_code}\\n' https://127.0.0.1/health; "
     "test -e /etc/gpufleet/drain && echo drained || echo not-drained"
 )
+
+# The header the gate's probe sends; nginx honours it for GET /health from the node itself only.
+GATE_PROBE = "curl -sk -o /dev/null -w '%{{http_code}}\\n' -H 'X-Gpufleet-Gate: 1' https://{address}{path}"
 
 
 @pytest.fixture()
@@ -145,9 +150,12 @@ def test_a_node_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cordoned", [False, True], ids=["in-service", "cordoned-and-forced"])
 def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
-    lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
+    lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path, cordoned: bool
 ) -> None:
+    """Also on a cordoned node that the upgrade is forced onto (review L13): its gate expected the cordon's 503,
+    which nginx answers before any backend, so a broken site passed; now the gate's probe must get 200 too."""
     inventory, node = lab_inventory, sorted(lab_hosts)[0]
     site = "sha256sum /etc/nginx/conf.d/gpufleet-inference.conf"
     site_before = state(inventory, node, site)
@@ -157,13 +165,21 @@ def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
     instances = yaml.safe_load(SERVE_VARS.read_text())["vllm_service_instances"]
     backends = [{**item, "port": 8099} if item["name"] == "main" else item for item in instances]
     (host_vars / f"{node}.yml").write_text(yaml.safe_dump({"inference_proxy_backends": backends}))
-
-    result = gpufleet(tmp_path, "upgrade", "-i", str(inventory), "--limit", node, "--layers", "proxy")
+    upgrade = ["upgrade", "-i", str(inventory), "--limit", node, "--layers", "proxy"]
+    if cordoned:
+        result = gpufleet(tmp_path, "cordon", "-i", str(inventory), "--limit", node, "--reason", "forced upgrade")
+        assert result.returncode == 0, result.stdout + result.stderr
+        upgrade.append("--force")
+    try:
+        result = gpufleet(tmp_path, *upgrade)
+    finally:
+        in_service = gpufleet(tmp_path, "uncordon", "-i", str(inventory), "--limit", node) if cordoned else None
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-6000:]
     assert re.search(rf"upgrade: {node}: rolled_back \(layers proxy, [0-9.]+ s\) - .*Status code was 502", output), (
         output[-6000:]
     )
+    assert in_service is None or in_service.returncode == 0, in_service.stdout + in_service.stderr
 
     # nginx serves the site of before again, and the instances, which a proxy change does not stop, never stopped.
     assert state(inventory, node, site) == site_before
@@ -172,7 +188,7 @@ def test_a_proxy_change_that_breaks_the_way_to_the_instances_is_rolled_back(
 
 
 def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
-    nodes: tuple[Path, str, str], host_vars: Path, tmp_path: Path
+    nodes: tuple[Path, str, str], lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
 ) -> None:
     inventory, node, cordoned = nodes
     result = gpufleet(tmp_path, "cordon", "-i", str(inventory), "--limit", cordoned, "--reason", "rollout test")
@@ -201,6 +217,19 @@ def test_a_cordoned_node_is_skipped_refused_when_named_and_stays_cordoned(
         cordon = json.loads(state(inventory, cordoned, "cat /etc/gpufleet/cordon"))
         assert cordon["reason"] == "rollout test"
         assert state(inventory, cordoned, THROUGH_PROXY).split() == ["503", "not-drained"]
+        # The gate's probe (an upgrade forced onto a cordoned node) reaches the instance: /health, from the node.
+        assert state(inventory, cordoned, GATE_PROBE.format(address="127.0.0.1", path="/health")).split() == ["200"]
+        # Anything else with its header is still refused: another path from the node, /health from elsewhere.
+        assert state(inventory, cordoned, GATE_PROBE.format(address="127.0.0.1", path="/v1/models")).split() == ["503"]
+        address = lab_hosts[cordoned]["ansible_host"]
+        from_elsewhere = subprocess.run(
+            shlex.split(GATE_PROBE.format(address=address, path="/health")),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert from_elsewhere.stdout.split() == ["503"], from_elsewhere.stderr
     finally:
         result = gpufleet(tmp_path, "uncordon", "-i", str(inventory), "--limit", cordoned)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -212,8 +212,15 @@ def test_a_drained_or_cordoned_node_answers_503_with_retry_after_on_the_api_port
     api, metrics = servers(site)
     # Server-level: tested in the server's rewrite phase, before any location (/health too) is chosen.
     head = api.split("    location = /metrics {")[0]
-    assert "if (-f /etc/gpufleet/cordon) {\n        return 503;" in head
-    assert "if (-f /etc/gpufleet/drain) {\n        return 503;" in head
+    assert "if (-f /etc/gpufleet/cordon) {\n        set $gpufleet_out_of_service 1;" in head
+    assert "if (-f /etc/gpufleet/drain) {\n        set $gpufleet_out_of_service 1;" in head
+    # Refused unless the request is the gate's probe: /health, from the node itself, with the gate's header (the
+    # connection's address, not one real_ip took from a forwarded header). The lab test asks nginx for real.
+    assert 'set $gpufleet_refused "$gpufleet_out_of_service$gpufleet_gate_probe";' in head
+    assert "if ($gpufleet_refused = 1) {\n        return 503;" in head
+    (probe,) = re.findall(r'map "([^"]+)" \$gpufleet_gate_probe \{([^}]*)\}', site)
+    assert probe[0] == "$realip_remote_addr $http_x_gpufleet_gate $uri"
+    assert sorted(re.findall(r'"([^"]+)" probe;', probe[1])) == ["127.0.0.1 1 /health", "::1 1 /health"]
     assert "error_page 503 = @gpufleet_drained;" in head
     (drained,) = blocks(api, "@gpufleet_drained")
     assert "add_header Retry-After 30 always;" in drained
