@@ -4,7 +4,8 @@
 #   1. galaxy-importer, as Galaxy imports it (its own ansible-lint; its ansible-test runs in a container, so it is
 #      off here and 2. runs it);
 #   2. ansible-test sanity on the tarball's content, with the ignores it ships (scripts/sanity.sh, offline);
-#   3. antsibull-docs' collection lint: every plugin and role page must render.
+#   3. antsibull-docs' collection lint: every plugin and role page must render;
+#   4. antsibull-changelog's lint of the changelog and its fragments.
 # The tools live in .venv-release (requirements-release.txt, hashed), apart from the development lock: they pin
 # their own ansible-core. Every step runs; the script fails when any did.
 set -uo pipefail
@@ -40,8 +41,12 @@ mkdir -p "$collection" && tar -xzf "$tarball" -C "$collection"
 (cd "$collection" && ANSIBLE_COLLECTIONS_PATH="$work/collections" PATH="$venv/bin:$PATH" \
   "$venv/bin/antsibull-docs" lint-collection-docs --plugin-docs --skip-rstcheck .) || failed+=(antsibull-docs)
 
+echo "=== antsibull-changelog lint"
+# The released changelog (changelogs/changelog.yaml) and the fragments waiting for the next release.
+PATH="$venv/bin:$PATH" "$venv/bin/antsibull-changelog" lint || failed+=(antsibull-changelog)
+
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "release-check: FAILED: ${failed[*]}" >&2
   exit 1
 fi
-echo "release-check: the collection tarball passed galaxy-importer, ansible-test sanity and antsibull-docs"
+echo "release-check: the collection tarball passed galaxy-importer, ansible-test sanity, antsibull-docs and antsibull-changelog"

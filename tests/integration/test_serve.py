@@ -410,7 +410,7 @@ def proxy_run(inventory: Path, host: str, *extra: str) -> subprocess.CompletedPr
 
 def test_a_config_nginx_rejects_leaves_the_live_one_serving(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
     host = served_lab.first
-    live = ["/etc/nginx/conf.d/gpufleet-inference.conf", "/etc/nginx/tls/gpufleet-inference.crt"]
+    live = ["/etc/nginx/conf.d/gpufleet-inference.conf", "/etc/nginx/tls/gpufleet-inference.pem"]
     before = ansible(host, "ansible.builtin.command", f"sha256sum {' '.join(live)}")[host]["stdout"]
     # The CA's certificate does not match the node's key: nginx -t refuses the staged set.
     result = proxy_run(served_lab.inventory, host, "-e", f"inference_proxy_tls_cert_src={CACHE / 'lab-tls' / 'ca.crt'}")

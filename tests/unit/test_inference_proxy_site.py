@@ -229,6 +229,14 @@ def test_a_drained_or_cordoned_node_answers_503_with_retry_after_on_the_api_port
     assert "/etc/gpufleet" not in metrics
 
 
+def test_the_certificate_and_its_key_are_one_file(site: str) -> None:
+    """Review L14: the certificate and the key were two files written one after the other, so a run killed between
+    them left a pair nginx refuses at its next start. One file is replaced by one rename."""
+    for server in servers(site):
+        assert "ssl_certificate /etc/nginx/tls/gpufleet-inference.pem;" in server
+        assert "ssl_certificate_key /etc/nginx/tls/gpufleet-inference.pem;" in server
+
+
 def test_the_drain_files_follow_the_state_dir(tmp_path: Path) -> None:
     site = render(tmp_path, inference_proxy_state_dir="/srv/state", inference_proxy_drain_retry_after=5)
     assert "if (-f /srv/state/cordon)" in site and "if (-f /srv/state/drain)" in site

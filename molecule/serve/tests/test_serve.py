@@ -125,7 +125,13 @@ def test_generation_overrides_are_merged_over_the_kept_original(host) -> None:
 def test_nginx_site_is_root_only_and_listens_for_api_and_metrics(host) -> None:
     site = host.file("/etc/nginx/conf.d/gpufleet-inference.conf")
     assert site.user == "root" and site.mode == 0o600
-    assert host.file("/etc/nginx/tls/gpufleet-inference.key").mode == 0o600
+    # The certificate chain and its key in one root-only file, replaced by one rename (review L14); the two
+    # files of earlier releases are gone.
+    tls = host.file("/etc/nginx/tls/gpufleet-inference.pem")
+    assert tls.user == "root" and tls.mode == 0o600
+    assert tls.content_string.index("-----BEGIN CERTIFICATE-----") < tls.content_string.index("PRIVATE KEY-----")
+    assert not host.file("/etc/nginx/tls/gpufleet-inference.crt").exists
+    assert not host.file("/etc/nginx/tls/gpufleet-inference.key").exists
     assert host.service("nginx").is_running and host.service("nginx").is_enabled
     assert host.socket("tcp://0.0.0.0:443").is_listening and host.socket("tcp://0.0.0.0:9443").is_listening
     assert not host.file("/etc/nginx/sites-enabled/default").exists
