@@ -20,3 +20,28 @@ def run_local_playbook(directory: Path, playbook: str, variables: dict) -> None:
     argv = [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", "play.yml", "-e", "@vars.json"]
     result = subprocess.run(argv, cwd=directory, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def rollback_playbook(role: str, upgrade_tasks: str) -> str:
+    """A role's snapshot, then `upgrade_tasks` (what an upgrade changes; YAML tasks indented four spaces), then the
+    role's restore, which writes its `<role>_restored` fact to restored.json beside the playbook."""
+    return f"""
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Keep what serves now, as an upgrade does before anything changes
+      ansible.builtin.include_role:
+        name: {role}
+        tasks_from: snapshot.yml
+{upgrade_tasks.rstrip()}
+    - name: Roll back
+      ansible.builtin.include_role:
+        name: {role}
+        tasks_from: restore.yml
+    - name: Say what was restored
+      ansible.builtin.copy:
+        content: "{{{{ {role}_restored | to_json }}}}"
+        dest: "{{{{ playbook_dir }}}}/restored.json"
+        mode: "0644"
+"""

@@ -8,17 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from local_playbook import run_local_playbook
+from local_playbook import rollback_playbook, run_local_playbook
 
-PLAYBOOK = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Keep the active toolkit, as an upgrade does before anything changes
-      ansible.builtin.include_role:
-        name: cuda_toolkit
-        tasks_from: snapshot.yml
+UPGRADE = """
     - name: Make the new toolkit active, as the toolkit layer does
       ansible.builtin.file:
         src: "{{ toolkits }}/cuda-12.9"
@@ -30,15 +22,6 @@ PLAYBOOK = """
         path: "{{ toolkits }}/cuda-12.8"
         state: absent
       when: remove_kept | bool
-    - name: Roll back
-      ansible.builtin.include_role:
-        name: cuda_toolkit
-        tasks_from: restore.yml
-    - name: Say what was restored
-      ansible.builtin.copy:
-        content: "{{ cuda_toolkit_restored | to_json }}"
-        dest: "{{ playbook_dir }}/restored.json"
-        mode: "0644"
 """
 
 
@@ -56,7 +39,7 @@ def toolkits(tmp_path: Path) -> Path:
 def roll_back(tmp_path: Path, root: Path, *, remove_kept: bool) -> dict:
     run_local_playbook(
         tmp_path,
-        PLAYBOOK,
+        rollback_playbook("cuda_toolkit", UPGRADE),
         {
             "toolkits": str(root),
             "cuda_toolkit_link": str(root / "cuda"),

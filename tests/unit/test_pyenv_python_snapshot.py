@@ -8,17 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from local_playbook import run_local_playbook
+from local_playbook import rollback_playbook, run_local_playbook
 
-PLAYBOOK = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Keep the builds in service, as an upgrade does before anything changes
-      ansible.builtin.include_role:
-        name: pyenv_python
-        tasks_from: snapshot.yml
+UPGRADE = """
     - name: Switch the link to the new build, as the python layer does
       ansible.builtin.file:
         src: "{{ pyenv_python_root }}/builds/3.12.7-new"
@@ -30,15 +22,6 @@ PLAYBOOK = """
         path: "{{ pyenv_python_root }}/builds/3.12.7-old"
         state: absent
       when: remove_kept | bool
-    - name: Roll back
-      ansible.builtin.include_role:
-        name: pyenv_python
-        tasks_from: restore.yml
-    - name: Say what was restored
-      ansible.builtin.copy:
-        content: "{{ pyenv_python_restored | to_json }}"
-        dest: "{{ playbook_dir }}/restored.json"
-        mode: "0644"
 """
 
 
@@ -57,7 +40,7 @@ def pyenv_root(tmp_path: Path) -> Path:
 def roll_back(tmp_path: Path, root: Path, *, remove_kept: bool) -> dict:
     run_local_playbook(
         tmp_path,
-        PLAYBOOK,
+        rollback_playbook("pyenv_python", UPGRADE),
         {
             "pyenv_python_root": str(root),
             "pyenv_python_versions": [{"version": "3.12.7"}],
