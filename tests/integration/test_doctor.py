@@ -157,6 +157,7 @@ def lab_torch_wheel() -> str:
     return "/" + str(wheel.relative_to(mirror.mirror_dir()))
 
 
+@pytest.mark.slow
 def test_torch_swapped_for_another_variant(
     lab_inventory: Path, lab_hosts: dict[str, dict], ansible: AnsibleRunner, node: str, other_torch: str
 ) -> None:
@@ -189,6 +190,7 @@ def main_port() -> int:
     return next(item["port"] for item in serve["vllm_service_instances"] if item["name"] == "main")
 
 
+@pytest.mark.slow
 def test_an_instance_configured_beyond_the_node_memory(lab_inventory: Path, ansible: AnsibleRunner, node: str) -> None:
     # More KV cache than the node has: vLLM's CPU worker refuses it at start, and systemd restarts it in a loop.
     env = "/etc/vllm/main.env"

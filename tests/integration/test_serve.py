@@ -675,6 +675,7 @@ def test_a_template_wide_drop_in_is_the_operators_and_no_instance(
         ansible(host, "ansible.builtin.shell", f"rm -rf {dropin.rsplit('/', 1)[0]} && systemctl daemon-reload")
 
 
+@pytest.mark.slow
 def test_changing_one_option_restarts_only_that_instance(
     served_lab: ServedLab, ansible: AnsibleRunner, tmp_path: Path
 ) -> None:
