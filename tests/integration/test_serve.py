@@ -475,6 +475,50 @@ def test_systemd_exposure_of_every_instance_is_at_most_3(served_lab: ServedLab, 
             assert exposure <= MAX_EXPOSURE
 
 
+# For each pair of instances, from inside the reader's unit (its namespaces, uid and gid, entered through its main
+# process): can it read the target's /proc/PID/environ (where its VLLM_API_KEY is), signal it, write into its cache
+# (code an instance loads: triton's, inductor's, flashinfer's kernels)? One line each: "reader target uid a b c".
+INSIDE_ANOTHER_UNIT = r"""
+set -u
+for reader in {names}; do
+  reader_pid=$(systemctl show -p MainPID --value "vllm@$reader.service")
+  uid=$(awk '/^Uid:/ {{print $2}}' "/proc/$reader_pid/status")
+  gid=$(awk '/^Gid:/ {{print $2}}' "/proc/$reader_pid/status")
+  for target in {names}; do
+    target_pid=$(systemctl show -p MainPID --value "vllm@$target.service")
+    cache=$(readlink -f "/proc/$target_pid/cwd")
+    inside() {{ nsenter --target "$reader_pid" --all --setuid "$uid" --setgid "$gid" sh -c "$1" _ "$target_pid" "$cache"; }}
+    environ=no; signal=no; cache_write=no
+    inside 'tr "\0" "\n" < "/proc/$1/environ" | grep -q "^VLLM_API_KEY="' 2>/dev/null && environ=yes
+    inside 'kill -0 "$1"' 2>/dev/null && signal=yes
+    inside 'touch "$2/.gpufleet-probe" && rm "$2/.gpufleet-probe"' 2>/dev/null && cache_write=yes
+    echo "$reader $target $uid $environ $signal $cache_write"
+  done
+done
+"""
+
+
+def test_an_instance_cannot_read_signal_or_write_into_another(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    """M14: every instance ran as the one account vllm, sharing its home's caches: one could signal another and put
+    code into the caches another loads, and so run as it, with its VLLM_API_KEY and secrets. (Reading its environ
+    was refused already: PrivateUsers= gives each unit a user namespace of its own.) Each now runs as a user of its
+    own (DynamicUser=) with a cache of its own. Under the old account the lab showed environ no, signal yes, cache
+    write yes between the two instances."""
+    host = served_lab.first
+    names = sorted(i["name"] for i in INSTANCES)
+    lines = ansible(host, "ansible.builtin.shell", INSIDE_ANOTHER_UNIT.format(names=" ".join(names)))[host]["stdout"]
+    rows = [line.split() for line in lines.splitlines()]
+    reach = {(reader, target): (environ, signal, cache) for reader, target, _, environ, signal, cache in rows}
+    uids = {row[0]: row[2] for row in rows}
+    print(f"{host}: uids {uids}; (environ, signal, cache write) {reach}")
+    static = ansible(host, "ansible.builtin.command", "id -u vllm")[host]["stdout"]
+    assert len(set(uids.values())) == len(names) and static not in uids.values()
+    # Each reaches its own (the way in works), none another.
+    assert reach == {
+        (reader, target): ("yes",) * 3 if reader == target else ("no",) * 3 for reader in names for target in names
+    }
+
+
 def wait_until_healthy(lab: ServedLab, host: str, timeout: float = RESTART_TIMEOUT) -> None:
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -487,9 +531,19 @@ def wait_until_healthy(lab: ServedLab, host: str, timeout: float = RESTART_TIMEO
     pytest.fail(f"{host}: /health did not come back within {timeout} s")
 
 
+LEAK_SHARED_MEMORY = r"""
+uid=$(awk '/^Uid:/ {{print $2}}' /proc/{pid}/status)
+nsenter --target {pid} --all --setuid "$uid" --setgid "$uid" sh -c 'echo leak > /dev/shm/gpufleet-leak-test'
+"""
+
+
 def test_killed_vllm_comes_back_through_systemd(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
     host = served_lab.first
     before = unit_state(ansible, host, "main")
+    # What a killed engine's workers leave in the host's /dev/shm (vLLM's psm_* segments): made here from inside
+    # the unit, as its user. With a user of its own, systemd's RemoveIPC= frees it at the stop; with one account
+    # for every instance it stayed until the last of them stopped (L8).
+    ansible(host, "ansible.builtin.shell", LEAK_SHARED_MEMORY.format(pid=before["MainPID"]))
     ansible(host, "ansible.builtin.command", f"kill -9 {before['MainPID']}")
     killed_at = time.monotonic()
     # Through the proxy /health answers 502 until systemd (RestartSec) has started a new process and it has
@@ -504,6 +558,8 @@ def test_killed_vllm_comes_back_through_systemd(served_lab: ServedLab, ansible: 
     )
     assert after["MainPID"] != before["MainPID"] and after["ActiveState"] == "active"
     assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1
+    leaked = ansible(host, "ansible.builtin.command", "find /dev/shm -name gpufleet-leak-test")[host]["stdout"]
+    assert leaked == "", "the killed instance's shared memory outlived its stop"
     assert completion(served_lab, host, "back again")["usage"]["completion_tokens"] == 16
 
 

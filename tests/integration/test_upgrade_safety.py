@@ -156,6 +156,9 @@ def test_a_controller_killed_while_an_instance_is_renamed_is_finished_by_the_nex
         active = dict(zip(["main", "greedy", "chat"], units[-3:]))
         assert (active["main"], active[current], active[old]) == ("active", "active", "inactive"), units
         assert state(lab_inventory, node, f"systemctl is-enabled vllm@{current}").split() == ["enabled"]
+        # The removed instance's cache went with it (its user is gone; a new instance of that name starts clean).
+        caches = state(lab_inventory, node, "ls /var/cache/vllm /var/cache/private/vllm").split()
+        assert old not in caches and current in caches, caches
         assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
     # main did not change: neither the rename, nor the rollback, nor the rename back restarted it.
     assert state(lab_inventory, node, "systemctl show -p ActiveEnterTimestamp vllm@main") == main_started

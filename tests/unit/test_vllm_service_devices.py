@@ -161,6 +161,9 @@ RAY_CLIENT = {
     "node_address": "10.254.0.1",
     "allowed": ["localhost", "10.254.0.0/30"],
     "socket_ifname": "eth1",
+    "user": "vllm",
+    "group": "vllm",
+    "home": "/var/lib/vllm",
 }
 ON_RAY = {**INSTANCE, "gpus": [0, 1], "tensor_parallel_size": 2, "pipeline_parallel_size": 2}
 ON_RAY["distributed_executor_backend"] = "ray"
@@ -198,8 +201,36 @@ def test_an_instance_on_ray_may_reach_the_clusters_members_and_see_its_raylet() 
     assert [line for line in on_ray if line.startswith("IPAddress")] == ["IPAddressAllow=localhost 10.254.0.0/30"]
     # Ray's driver looks for its member's raylet among the node's processes.
     assert "ProtectProc=default" in on_ray
+    # It runs as the cluster's account, whose raylets run its workers, in that account's home.
+    assert [line for line in on_ray if line.split("=")[0] in IDENTITY] == [
+        "DynamicUser=no",
+        "User=vllm",
+        "Group=vllm",
+        "CacheDirectory=",
+        "WorkingDirectory=/var/lib/vllm",
+        "Environment=HOME=/var/lib/vllm",
+        "ReadWritePaths=/var/lib/vllm",
+    ]
     single = render(dropin, vllm_service_instances=[INSTANCE], vllm_service_instance=FIRST, ansible_facts=facts)
     assert "IPAddress" not in single and "ProtectProc" not in single
+    assert not [line for line in single.splitlines() if line.split("=")[0] in IDENTITY]
+
+
+IDENTITY = ("DynamicUser", "User", "Group", "CacheDirectory", "WorkingDirectory", "Environment", "ReadWritePaths")
+
+
+def test_every_instance_runs_as_a_user_of_its_own_with_the_models_through_the_group() -> None:
+    # M14: one uid for every instance let each read the others' /proc/PID/environ (their VLLM_API_KEY).
+    unit = render(ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.j2").splitlines()
+    identity = [line for line in unit if line.split("=")[0] in IDENTITY + ("SupplementaryGroups",)]
+    assert [line for line in identity if not line.startswith("Environment=PATH=")] == [
+        "DynamicUser=yes",
+        "User=vllm-%i",
+        "SupplementaryGroups=vllm",
+        "CacheDirectory=vllm/%i",
+        "WorkingDirectory=%C/vllm/%i",
+        "Environment=HOME=%C/vllm/%i",
+    ]
 
 
 def test_instance_memory_limit_is_its_share_of_the_node_unless_overridden() -> None:
