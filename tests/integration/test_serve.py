@@ -755,6 +755,27 @@ def test_changing_one_option_restarts_only_that_instance(
     print(f"restored in {restore.seconds:.0f} s")
 
 
+# What vLLM's own code (vllm/ray/ray_env.py) would copy from a driver to its Ray workers, on the node's venv.
+RAY_CARRIED = r"""
+env -i VLLM_API_KEY=key VLLM_HOST_IP=10.254.0.1 {config_root} /opt/gpufleet/venvs/current/bin/python -c '
+import json
+from vllm.ray.ray_env import get_env_vars_to_copy
+print(json.dumps(sorted(get_env_vars_to_copy() & {{"VLLM_API_KEY", "VLLM_HOST_IP"}})))'
+"""
+
+
+def test_an_instance_on_ray_keeps_its_key_from_its_workers(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    """vLLM copies every VLLM_* variable to its Ray workers, on every member, unless VLLM_CONFIG_ROOT's
+    ray_non_carry_over_env_vars.json names it: the role's file (an instance on Ray points VLLM_CONFIG_ROOT at it)
+    keeps VLLM_API_KEY on the head. Without it vLLM copies the key (the second run)."""
+    host = served_lab.first
+    carried = {
+        root: json.loads(ansible(host, "ansible.builtin.shell", RAY_CARRIED.format(config_root=root))[host]["stdout"])
+        for root in ("VLLM_CONFIG_ROOT=/etc/vllm-ray", "")
+    }
+    assert carried == {"VLLM_CONFIG_ROOT=/etc/vllm-ray": ["VLLM_HOST_IP"], "": ["VLLM_API_KEY", "VLLM_HOST_IP"]}
+
+
 # --- metrics --------------------------------------------------------------------------------------------------------
 
 

@@ -184,6 +184,8 @@ def test_an_instance_on_ray_joins_its_cluster_not_loopback() -> None:
         "GLOO_SOCKET_IFNAME": "eth1",
         "NCCL_IB_DISABLE": None,
     }
+    # vLLM reads there what it does not copy to its workers (the role's file, below).
+    assert env["VLLM_CONFIG_ROOT"] == "/etc/vllm-ray"
     no_ifname = instance_env(ON_RAY, ["localhost"], ray_cluster_client={**RAY_CLIENT, "socket_ifname": ""})
     assert "NCCL_SOCKET_IFNAME" not in no_ifname and no_ifname["RAY_ADDRESS"] == "10.254.0.1:6379"
 
@@ -294,3 +296,14 @@ def test_device_script_makes_the_h200s_nodes_once(tmp_path: Path) -> None:
         )
     }
     assert made == expected
+
+
+def test_the_workers_of_an_instance_on_ray_get_neither_its_key_nor_the_secret_environment() -> None:
+    kept = ROLE / "templates" / "etc" / "vllm-ray" / "ray_non_carry_over_env_vars.json.j2"
+    assert json.loads(render(kept)) == ["VLLM_API_KEY"]
+    secrets = {"HF_TOKEN": "t", "VLLM_API_KEY": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    assert json.loads(render(kept, vllm_service_secret_environment=secrets)) == [
+        "AWS_SECRET_ACCESS_KEY",
+        "HF_TOKEN",
+        "VLLM_API_KEY",
+    ]
