@@ -136,15 +136,19 @@ def test_a_worker_unit_joins_the_heads_gcs_and_honours_the_declared_networks() -
 SANDBOX = re.compile(
     r"^(NoNewPrivileges|CapabilityBoundingSet|AmbientCapabilities|ProtectSystem|ProtectHome|PrivateTmp|"
     r"PrivateDevices|DevicePolicy|DeviceAllow|Protect[A-Za-z]+|Restrict[A-Za-z]+|LockPersonality|"
-    r"RemoveIPC|KeyringMode|PrivateUsers|SystemCall[A-Za-z]+|User|Group|UMask)="
+    r"RemoveIPC|KeyringMode|PrivateUsers|SystemCall[A-Za-z]+|UMask)="
 )
 
 
 def test_the_ray_units_are_sandboxed_exactly_as_vllm_instances() -> None:
-    ray = [line for line in render(UNIT, ROLE, **CLUSTER).splitlines() if SANDBOX.match(line)]
+    ray_unit = render(UNIT, ROLE, **CLUSTER).splitlines()
     vllm_unit = VLLM_ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.j2"
-    vllm = [line for line in render(vllm_unit, VLLM_ROLE).splitlines() if SANDBOX.match(line)]
-    assert ray == vllm
+    vllm = render(vllm_unit, VLLM_ROLE).splitlines()
+    assert [line for line in ray_unit if SANDBOX.match(line)] == [line for line in vllm if SANDBOX.match(line)]
+    # Only the account differs: the cluster's, which its workers and an instance on Ray run as; each other instance
+    # runs as a user of its own.
+    assert "User=vllm" in ray_unit and "Group=vllm" in ray_unit
+    assert "DynamicUser=yes" in vllm and "User=vllm-%i" in vllm
 
 
 def test_a_ray_instance_on_a_gpu_cluster_renders_pipeline_stages_over_the_cluster() -> None:
@@ -162,7 +166,14 @@ def test_a_ray_instance_on_a_gpu_cluster_renders_pipeline_stages_over_the_cluste
     dropin = VLLM_ROLE / "templates" / "etc" / "systemd" / "system" / "vllm@.service.d" / "gpufleet.conf.j2"
     # How the head joins its cluster, as role ray_cluster's client entry point says (tests/unit/
     # test_vllm_service_devices.py checks the environment it gives).
-    client = {"address": "10.0.0.1:6379", "node_address": "10.0.0.1", "allowed": ["localhost", "10.0.0.0/24"]}
+    client = {
+        "address": "10.0.0.1:6379",
+        "node_address": "10.0.0.1",
+        "allowed": ["localhost", "10.0.0.0/24"],
+        "user": "vllm",
+        "group": "vllm",
+        "home": "/var/lib/vllm",
+    }
     unit = render(
         dropin,
         VLLM_ROLE,
