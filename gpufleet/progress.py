@@ -124,8 +124,13 @@ class LayerProgress:
                 self.say(
                     f"{host}: NOT SERVING {', '.join(instances)}: the run stopped them (for the driver or the "
                     f"rebuild) and failed before it started them again; after fixing the failure above, start "
-                    f"them with: gpufleet provision -i INVENTORY --limit {host} --tags serve"
+                    f"them with: gpufleet provision -i INVENTORY --limit {host} --tags {layers_to_start(instances)}"
                 )
+
+
+def layers_to_start(units: list[str]) -> str:
+    """The layers whose run starts these units again: Ray's member (ray-head, ray-worker) before the instances."""
+    return "ray_cluster,serve" if any(unit.startswith("ray-") for unit in units) else "serve"
 
 
 def started_at(event: dict) -> float:

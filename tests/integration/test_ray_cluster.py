@@ -256,6 +256,13 @@ def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path
         ]
         assert head_findings == [(f"member {worker}", "alive", "dead")], head_findings
         assert report.nodes[worker].layers["ray_cluster"].status == "drifted"
+        # As the driver layer leaves a member (its workers hold the GPUs of an instance on Ray): stopped, and named
+        # in nvidia_driver_stopped_instances. site.yml's last play starts it again through ray_cluster's resume,
+        # which waits until the cluster lists it alive.
+        stopped = json.dumps({"nvidia_driver_stopped_instances": ["ray-worker.service"]})
+        resumed = playbook(lab_inventory, "playbooks/resume.yml", stopped)
+        assert resumed.returncode == 0, resumed.stdout[-4000:]
+        assert recap_changed(resumed.stdout) == {head: 0, worker: 1}, resumed.stdout[-4000:]
     finally:
         shell(ansible, worker, "systemctl start ray-worker.service")
     back = cluster_info(lab_inventory, head, gcs, everyone, 120)

@@ -11,7 +11,7 @@ import ansible_runner
 import pytest
 
 from gpufleet.cli import build_parser
-from gpufleet.progress import LayerProgress, message, progress_options
+from gpufleet.progress import LayerProgress, layers_to_start, message, progress_options
 from gpufleet.runner import ensure_ansible_on_path
 
 # Two layers on localhost as site.yml runs them: the first stops an instance (records it as rebuild.yml does)
@@ -182,3 +182,8 @@ def test_a_long_task_is_named_while_it_runs_with_its_time(tmp_path: Path) -> Non
     count = len(lines)
     time.sleep(1.0)
     assert len(lines) == count, "the heartbeat stops with the run"
+
+
+def test_a_stopped_ray_member_is_started_again_by_its_own_layer_before_the_instances() -> None:
+    assert layers_to_start(["vllm@main.service"]) == "serve"
+    assert layers_to_start(["ray-head.service", "vllm@big.service"]) == "ray_cluster,serve"
