@@ -53,8 +53,9 @@ def _dropin_option(text: str, flag: str) -> str | None:
 
 
 def vllm_instance_states(names: list, units: dict, dropins: list) -> dict:
-    """Instance name -> {active, enabled, port, served_model_name}: systemd's state of vllm@NAME.service (from
-    systemd_units) and the port and served name its drop-in configures (slurp results, item = the name)."""
+    """Instance name -> {active, enabled, port, served_model_name, headless}: systemd's state of vllm@NAME.service
+    (from systemd_units) and the port and served name its drop-in configures (slurp results, item = the name);
+    headless: a member of an instance across nodes that another node leads, which serves no API here."""
     texts = {}
     for result in dropins:
         if result.get("content"):
@@ -68,6 +69,7 @@ def vllm_instance_states(names: list, units: dict, dropins: list) -> dict:
             "enabled": unit.get("UnitFileState") in ("enabled", "enabled-runtime"),
             "port": int(port) if port and port.isdigit() else None,
             "served_model_name": _dropin_option(texts.get(str(name), ""), "--served-model-name") or str(name),
+            "headless": '"--headless"' in texts.get(str(name), ""),
         }
     return states
 

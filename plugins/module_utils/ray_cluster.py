@@ -74,12 +74,16 @@ def missing_members(members: list[str], nodes: list[dict[str, Any]]) -> list[str
     return [member for member in members if member not in alive]
 
 
-def run_probe(venv: str, address: str) -> tuple[dict[str, Any] | None, str]:
-    """(the probe's JSON, '') or (None, why it gave none)."""
+def run_probe(venv: str, address: str, token_file: str = "") -> tuple[dict[str, Any] | None, str]:
+    """(the probe's JSON, '') or (None, why it gave none). With `token_file`, the probe presents the cluster's
+    token (Ray's token authentication); without, it presents none."""
     python = os.path.join(venv, "bin", "python")
     if not os.access(python, os.X_OK):
         return None, f"{python} does not exist: the venv Ray runs from is not installed"
-    environment = dict(os.environ, LC_ALL="C", RAY_USAGE_STATS_ENABLED="0")
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH_")}
+    environment.update(LC_ALL="C", RAY_USAGE_STATS_ENABLED="0")
+    if token_file:
+        environment.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_file)
     try:
         process = subprocess.run(
             [python, "-I", "-c", PROBE, address],
@@ -103,7 +107,7 @@ def check_ray_cluster(spec: dict, ctx: Context) -> list[Finding]:
     """Drift kind `ray_cluster`: every declared member (`members`: inventory name -> address) listed alive by
     the GCS at `address`, and this node's venv holding the declared `versions` (ray, python, vllm)."""
     require(spec, "venv", "address", "members")
-    result, error = run_probe(spec["venv"], spec["address"])
+    result, error = run_probe(spec["venv"], spec["address"], spec.get("auth_token_file") or "")
     if result is None:
         raise CheckError(f"ray cluster at {spec['address']}: {error}")
     label = f"ray cluster {spec['address']}"

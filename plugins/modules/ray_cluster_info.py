@@ -34,6 +34,12 @@ options:
     type: list
     elements: str
     default: []
+  auth_token_file:
+    description:
+      - The cluster's token (Ray's token authentication, C(RAY_AUTH_MODE=token)), presented by the probe; empty
+        presents none, which a cluster with authentication refuses.
+    type: path
+    default: ""
   timeout:
     description: Seconds to wait for O(members) (and for the GCS to answer); 0 asks once.
     type: int
@@ -113,6 +119,7 @@ def main() -> None:
             venv=dict(type="path", required=True),
             address=dict(type="str", required=True),
             members=dict(type="list", elements="str", default=[]),
+            auth_token_file=dict(type="path", default=""),
             timeout=dict(type="int", default=0),
             interval=dict(type="int", default=5),
         ),
@@ -121,7 +128,7 @@ def main() -> None:
     params = module.params
     deadline = time.monotonic() + max(params["timeout"], 0)
     while True:
-        result, error = run_probe(params["venv"], params["address"])
+        result, error = run_probe(params["venv"], params["address"], params["auth_token_file"])
         nodes = parse_nodes(result["nodes"]) if result else []
         missing = missing_members(params["members"], nodes) if result else list(params["members"])
         if (result and not missing) or time.monotonic() >= deadline:

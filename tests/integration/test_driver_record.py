@@ -18,6 +18,7 @@ pytestmark = pytest.mark.lab
 RECORD = "/var/lib/gpufleet/nvidia-driver.json"
 
 
+@pytest.mark.slow
 def test_a_record_that_names_another_driver_is_found_by_drift_and_written_again(
     lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path: Path
 ) -> None:

@@ -131,6 +131,7 @@ def drift_findings(inventory: Path, host: str) -> list[tuple]:
     return [(item["check"], item["field"], item["expected"], item["actual"]) for item in layer["drift"]]
 
 
+@pytest.mark.slow
 def test_the_driver_layer_installs_and_runs_the_drivers_fabric_manager_and_refuses_another(
     lab_inventory: Path, hgx_host: str, ansible
 ) -> None:

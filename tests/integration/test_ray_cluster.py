@@ -31,6 +31,7 @@ BIN = Path(sys.executable).parent
 VENV = "/opt/gpufleet/venvs/current"
 GROUP = "ray_cluster_lab"
 PORT = 6379
+TOKEN_FILE = "/etc/gpufleet/ray-auth-token"
 # The lab declares the cluster's members, head and network; the suite forms it only here.
 ON = json.dumps({"ray_cluster_group": GROUP})
 
@@ -126,10 +127,14 @@ def drift(inventory: Path, runs: Path) -> tuple[int, object]:
     return result.returncode, read_report(reports[-1] / "drift")
 
 
-def cluster_info(inventory: Path, node: str, address: str, expect: list[str], timeout: int) -> dict:
-    """ray_cluster_info's result on `node`, with `failed` from ansible's exit status (the tree's result of a
-    failed module carries no `failed` key on ansible-core 2.19)."""
-    args = json.dumps({"venv": VENV, "address": address, "members": expect, "timeout": timeout})
+def cluster_info(
+    inventory: Path, node: str, address: str, expect: list[str], timeout: int, token: str = TOKEN_FILE
+) -> dict:
+    """ray_cluster_info's result on `node`, presenting the cluster's token (or none: token ""), with `failed` from
+    ansible's exit status (the tree's result of a failed module carries no `failed` key on ansible-core 2.19)."""
+    args = json.dumps(
+        {"venv": VENV, "address": address, "members": expect, "timeout": timeout, "auth_token_file": token}
+    )
     with tempfile.TemporaryDirectory(prefix="gpufleet-ray-") as tree:
         ran = subprocess.run(
             [
@@ -178,7 +183,7 @@ def remove_cluster(ansible: AnsibleRunner) -> None:
         # A worker stopped while the head stops too exits 1 (its drain finds no GCS): the unit ends failed and
         # would leave the host degraded for the tests after this one.
         "systemctl daemon-reload; systemctl reset-failed ray-head.service ray-worker.service 2>/dev/null; "
-        "rm -rf /var/lib/vllm/ray",
+        f"rm -rf /var/lib/vllm/ray {TOKEN_FILE}",
     )
 
 
@@ -218,10 +223,16 @@ def form_check_and_break(lab_inventory: Path, ansible: AnsibleRunner, runs: Path
         ansible,
         head,
         f"echo {script} | base64 -d > /tmp/gpufleet-ray-spread.py && "
-        f"runuser -u vllm -- {VENV}/bin/python /tmp/gpufleet-ray-spread.py {gcs}; "
+        f"runuser -u vllm -- env RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={TOKEN_FILE} "
+        f"{VENV}/bin/python /tmp/gpufleet-ray-spread.py {gcs}; "
         "status=$?; rm -f /tmp/gpufleet-ray-spread.py; exit $status",
     )
     assert json.loads(ran_on.splitlines()[-1]) == sorted(everyone)
+    # H4: a client that presents no token (any local user, any host of the cluster's networks) is refused.
+    stranger = cluster_info(lab_inventory, worker, gcs, everyone, 0, token="")
+    assert stranger.get("failed") and "uthentic" in stranger["msg"], stranger
+    # The token is the cluster account's alone: not the instances' group's.
+    assert shell(ansible, head, f"stat -c '%U %G %a' {TOKEN_FILE}") == "vllm root 400"
     assert shell(ansible, head, f"{VENV}/bin/python -c '{NO_RAY_ON_CPU}'").splitlines()[-1] == "cpu ''"
 
     # The lab has no memory accounting (MemoryCurrent is [not set]): the resident memory of the unit's processes.

@@ -607,6 +607,36 @@ echo "vllm@greedy did not answer /health again"; exit 1
     assert int(seen["stop_seconds"]) < 60, result
 
 
+@pytest.mark.slow
+def test_an_instance_at_its_start_limit_is_restarted_by_a_run_that_changed_it(
+    served_lab: ServedLab, ansible: AnsibleRunner
+) -> None:
+    """systemd's start limit is for crash loops, but the role's own restarts counted towards it: on the lab, the
+    sixth declaration change within StartLimitIntervalSec (about 50 minutes) failed the run with "start of the
+    service was attempted too often". Here the limit is one start (a runtime drop-in), spent by a restart; the
+    run whose inputs changed (the record of the last start removed) must still restart the instance. (On the old role
+    the run fails there.)"""
+    host = served_lab.first
+    limit = "/run/systemd/system/vllm@greedy.service.d"
+    ansible(
+        host,
+        "ansible.builtin.shell",
+        f"mkdir -p {limit} && printf '[Unit]\\nStartLimitBurst=1\\n' > {limit}/gpufleet-test-limit.conf "
+        "&& systemctl daemon-reload && systemctl reset-failed vllm@greedy && systemctl restart vllm@greedy",
+    )
+    try:
+        ansible(host, "ansible.builtin.file", "path=/var/lib/gpufleet/vllm/greedy.started state=absent")
+        run = run_playbooks(served_lab.inventory, ["serve.yml"], "--limit", host)
+        assert "Restart the instance, its inputs changed: vllm@greedy" in run.output
+        assert unit_state(ansible, host, "greedy")["ActiveState"] == "active"
+    finally:
+        ansible(host, "ansible.builtin.shell", f"rm -rf {limit}; systemctl daemon-reload")
+    answer = completion(
+        served_lab, host, "restarted at its limit", path="/instances/greedy/v1/completions", model="tiny-greedy"
+    )
+    assert answer["usage"]["completion_tokens"] == 16
+
+
 # An instance with tensor parallel 2 ("GPUs" 0 and 1), written by the role on the first host beside the lab's two
 # (tests/integration/vllm_instance.yml): vLLM's CPU build runs one worker process per rank, and the ranks exchange
 # tensors over gloo and shared memory, inside the unit's sandbox. Its address allow-list is loopback only, so the

@@ -5,6 +5,7 @@ a controller killed while the layers rename an instance leaves the node drained 
 `gating`) and its lease held; the next run says so and, with --break-lease, rolls the node back from the snapshot on
 the node (the removed instance's files and directory put back, the added one removed), then renames it: the node
 serves the new declaration, nothing is left stopped, and the instance that did not change was never restarted.
+A controller killed while the snapshot is taken (make test-slow) leaves the node serving, untouched.
 Review H1/M1: renaming an instance failed the upgrade and then its rollback, leaving the node drained with every
 instance stopped, and an added instance was stopped again after a successful upgrade. Declaration changes are
 host_vars files beside the lab inventory."""
@@ -162,6 +163,44 @@ def test_a_controller_killed_while_an_instance_is_renamed_is_finished_by_the_nex
         assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
     # main did not change: neither the rename, nor the rollback, nor the rename back restarted it.
     assert state(lab_inventory, node, "systemctl show -p ActiveEnterTimestamp vllm@main") == main_started
+
+
+@pytest.mark.slow
+def test_a_controller_killed_while_the_snapshot_is_taken_leaves_the_node_serving(
+    lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
+) -> None:
+    """The kill matrix's snapshot phase (make test-slow): the controller is killed while the layers' roles write the
+    new snapshot, before anything changes. The node keeps serving its old declaration, undrained and with nothing
+    restarted; the snapshot in place is still the last whole one (the new one becomes it by one rename); the next
+    run (--break-lease) takes a whole snapshot and upgrades, leaving that one snapshot and nothing of the killed."""
+    node = sorted(lab_hosts)[0]
+    serving, running = state(lab_inventory, node, SERVING), state(lab_inventory, node, RUNNING)
+    in_place = f"readlink {UPGRADE_DIR}/snapshot || true"
+    kept_before = state(lab_inventory, node, in_place)
+    declare_main_option(host_vars, node, 8)
+    with upgrade_killed_once(
+        lab_inventory, node, "serve", tmp_path, lambda: phase(lab_inventory, node) == "snapshot", within=300
+    ):
+        pass  # killed as soon as the snapshot has begun
+    assert phase(lab_inventory, node) == "snapshot"
+    assert state(lab_inventory, node, SERVING) == serving
+    assert state(lab_inventory, node, RUNNING) == running
+    assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
+    assert state(lab_inventory, node, in_place) == kept_before
+
+    upgrade = ["upgrade", "-i", str(lab_inventory), "--limit", node, "--layers", "serve"]
+    result = gpufleet(tmp_path, *upgrade, "--break-lease")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and f"upgrade: {node}: upgraded" in output, output[-6000:]
+    assert phase(lab_inventory, node) == "done"
+    snapshots = state(lab_inventory, node, f"ls -d {UPGRADE_DIR}/snapshot-*").split()
+    assert len(snapshots) == 1 and state(lab_inventory, node, in_place).strip() == snapshots[0], snapshots
+    assert state(lab_inventory, node, THROUGH_PROXY).split() == ["200", "not-drained"]
+
+    # Back to the lab's declaration.
+    (host_vars / f"{node}.yml").unlink()
+    result = gpufleet(tmp_path, *upgrade)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
 
 
 @pytest.mark.slow

@@ -95,6 +95,20 @@ def with_journal(*lines: str, active: str = "failed") -> dict[str, Any]:
             "'/var/lib/gpufleet/models/tiny-qwen2'. Use `repo_type` argument if needed.",
             "model-missing",
         ),
+        # A leader whose member (10.254.0.2) was stopped, in its journal on the lab (2026-12-06).
+        (
+            "(Worker_TP0 pid=7270) ERROR 12-06 06:57:49 [multiproc_executor.py:1063] RuntimeError: "
+            "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[10.254.0.2]:56478. This is typically caused by a remote worker crashing. Check the logs of the remote "
+            "worker before",
+            "across-nodes-member-lost",
+        ),
+        # The member whose leader restarted, as the role's launcher says it on the lab (2026-12-06).
+        (
+            "the leader's rendezvous store at 10.254.0.1:29500 went away (the leader stopped or restarted): exiting so "
+            "that systemd starts this member again and it joins the leader's next rendezvous",
+            "across-nodes-leader-lost",
+        ),
     ],
 )
 def test_a_failing_instance_is_named_by_its_journal(line: str, expected: str) -> None:

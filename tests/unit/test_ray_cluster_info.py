@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ansible_collections.gpufleet.fleet.plugins.modules import ray_cluster_info
@@ -201,3 +202,19 @@ def test_a_ray_instance_on_a_gpu_cluster_renders_pipeline_stages_over_the_cluste
         ansible_facts={"memtotal_mb": 2_000_000},
     )
     assert "--distributed-executor-backend" not in exec_start(unit)
+
+
+def test_the_probe_presents_the_clusters_token_only_when_given_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # H4: the cluster requires Ray's token; the probe reads it from the token file, and an operator's own
+    # RAY_AUTH_* settings never leak into it.
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text('#!/bin/sh\necho "{\\"mode\\": \\"$RAY_AUTH_MODE\\", \\"path\\": \\"$RAY_AUTH_TOKEN_PATH\\"}"\n')
+    python.chmod(0o755)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/home/operator/.ray/auth_token")
+    with_token, _ = ray_cluster_info.run_probe(str(tmp_path), "10.254.0.1:6379", "/etc/gpufleet/ray-auth-token")
+    without, _ = ray_cluster_info.run_probe(str(tmp_path), "10.254.0.1:6379")
+    assert with_token == {"mode": "token", "path": "/etc/gpufleet/ray-auth-token"}
+    assert without == {"mode": "", "path": ""}

@@ -28,10 +28,15 @@ PLAYBOOK = """
 
 
 def _run_preflight(
-    tmp_path: Path, role: str, extra: dict[str, object], tasks: str = "preflight.yml"
+    tmp_path: Path, role: str, extra: dict[str, object], tasks: str = "preflight.yml", inventory: str = ""
 ) -> subprocess.CompletedProcess[str]:
+    """The role's tasks on localhost, in check mode; `inventory` (YAML) gives it other hosts beside."""
     book = tmp_path / "play.yml"
     book.write_text(PLAYBOOK)
+    hosts = "localhost,"
+    if inventory:
+        hosts = str(tmp_path / "hosts.yml")
+        Path(hosts).write_text(inventory)
     variables = {
         "role_under_test": role,
         "tasks_under_test": tasks,
@@ -42,7 +47,9 @@ def _run_preflight(
     argv = [
         str(REPO / ".venv/bin/ansible-playbook"),
         "-i",
-        "localhost,",
+        hosts,
+        "--limit",
+        "localhost",
         "--check",
         str(book),
         "-e",
@@ -100,3 +107,52 @@ def test_an_instance_on_ray_outside_a_cluster_is_refused_by_name(tmp_path: Path)
     assert result.returncode == 2, output
     assert "localhost declares an instance on Ray (distributed_executor_backend: ray) but is not the head" in output
     assert "ray_cluster_group unset, head unset" in output
+
+
+ACROSS = {
+    "name": "wide",
+    "model": "/var/lib/gpufleet/models/tiny",
+    "port": 8002,
+    "tensor_parallel_size": 2,
+    "distributed_executor_backend": "mp",
+}
+
+
+@pytest.mark.parametrize(
+    ("instance", "extra"),
+    [
+        # localhost declares no cluster address: the other member cannot meet it.
+        ({**ACROSS, "nodes": ["localhost", "lab-2"]}, {}),
+        # Not among the instance's nodes.
+        ({**ACROSS, "nodes": ["lab-1", "lab-2"]}, {"vllm_service_cluster_address": "10.254.0.1"}),
+        # Multi-node needs vLLM's multiprocessing backend.
+        ({**ACROSS, "nodes": ["localhost"], "distributed_executor_backend": None}, {}),
+        # 3 nodes cannot share tensor_parallel_size 2.
+        ({**ACROSS, "nodes": ["localhost", "a", "b"]}, {"vllm_service_cluster_address": "10.254.0.1"}),
+    ],
+)
+def test_an_instance_across_nodes_that_cannot_meet_is_refused_before_the_node_changes(
+    tmp_path: Path, instance: dict[str, object], extra: dict[str, object]
+) -> None:
+    variables = {"vllm_service_instances": [instance], "vllm_service_api_key": "k" * 32, **extra}
+    result = _run_preflight(tmp_path, "vllm_service", variables)
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, output
+    assert "vllm@wide across" in output and "declare it on each of these inventory hosts" in output, output[-3000:]
+
+
+def test_a_rendezvous_port_that_another_instance_listens_on_is_refused(tmp_path: Path) -> None:
+    members = (
+        "all:\n  hosts:\n"
+        "    localhost: {ansible_connection: local, vllm_service_cluster_address: 10.254.0.1}\n"
+        "    lab-2: {vllm_service_cluster_address: 10.254.0.2}\n"
+    )
+    instances = [
+        {**ACROSS, "nodes": ["localhost", "lab-2"], "rendezvous_port": 8000},
+        {"name": "main", "model": "/var/lib/gpufleet/models/tiny", "port": 8000},
+    ]
+    variables = {"vllm_service_instances": instances, "vllm_service_api_key": "k" * 32}
+    result = _run_preflight(tmp_path, "vllm_service", variables, inventory=members)
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, output
+    assert "the rendezvous_port of each across nodes: 8002, 8000, 8000) must be unique" in output, output[-3000:]
