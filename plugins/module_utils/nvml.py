@@ -25,6 +25,7 @@ NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
@@ -62,6 +63,16 @@ NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
 NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+
+# Event types (nvml.h's nvmlEventType*): a bit mask for nvmlDeviceRegisterEvents. An XID's eventData is its number.
+EVENT_SINGLE_BIT_ECC = 0x1
+EVENT_DOUBLE_BIT_ECC = 0x2
+EVENT_XID_CRITICAL = 0x8
+EVENT_NAMES = {
+    EVENT_SINGLE_BIT_ECC: "single_bit_ecc",
+    EVENT_DOUBLE_BIT_ECC: "double_bit_ecc",
+    EVENT_XID_CRITICAL: "xid",
+}
 
 # Buffer sizes nvml.h guarantees to be large enough.
 NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96
@@ -130,6 +141,18 @@ class _GpuFabricInfo(ctypes.Structure):
     ]
 
 
+class _EventData(ctypes.Structure):
+    """nvmlEventData_t, as nvmlEventSetWait_v2 fills it."""
+
+    _fields_ = [
+        ("device", ctypes.c_void_p),
+        ("eventType", ctypes.c_ulonglong),
+        ("eventData", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
 # nvmlGpuFabricState_t. A GPU outside an NVSwitch system answers not_supported (the H200 of
 # tests/fixtures/h200-real/fabric_and_kernel_log.txt did, with NVML_SUCCESS); on an HGX board the state is
 # not_started until nvidia-fabricmanager has trained the fabric, then completed.
@@ -174,6 +197,11 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "nvmlDeviceGetRemappedRows": [_device, _uint_p, _uint_p, _uint_p, _uint_p],
     "nvmlDeviceGetComputeRunningProcesses_v3": [_device, _uint_p, ctypes.POINTER(_ProcessInfo)],
     "nvmlDeviceGetGpuFabricInfo": [_device, ctypes.POINTER(_GpuFabricInfo)],
+    "nvmlDeviceGetSupportedEventTypes": [_device, _ull_p],
+    "nvmlEventSetCreate": [ctypes.POINTER(ctypes.c_void_p)],
+    "nvmlDeviceRegisterEvents": [_device, ctypes.c_ulonglong, ctypes.c_void_p],
+    "nvmlEventSetWait_v2": [ctypes.c_void_p, ctypes.POINTER(_EventData), ctypes.c_uint],
+    "nvmlEventSetFree": [ctypes.c_void_p],
 }
 
 
@@ -352,6 +380,64 @@ class Nvml:
     def device(self, index: int) -> dict[str, Any]:
         """The state of GPU `index` (see GPU_FIELDS); a lost GPU has lost=True and the rest None."""
         return _DeviceReader(self, index).read()
+
+    def watch_events(self, wanted: int) -> "EventWatch":
+        """An event set with every GPU registered for the `wanted` types it supports (see EventWatch)."""
+        return EventWatch(self, wanted)
+
+
+class EventWatch:
+    """NVML events of every GPU, as they happen: `wait(ms)` returns the next one or None after the timeout.
+
+    Each GPU is registered for the wanted types it supports; `registered` says which, `unwatched` which GPUs could
+    not be (lost, or no such event): those must be watched another way (the kernel log)."""
+
+    def __init__(self, nvml: Nvml, wanted: int) -> None:
+        self.nvml = nvml
+        self._set = ctypes.c_void_p()
+        nvml.call("nvmlEventSetCreate", ctypes.byref(self._set))
+        self.registered: dict[int, int] = {}
+        self.unwatched: dict[int, str] = {}
+        self._gpus: dict[int, dict[str, Any]] = {}
+        for index in range(nvml.device_count()):
+            self._register(index, wanted)
+
+    def _register(self, index: int, wanted: int) -> None:
+        handle = _device()
+        supported = ctypes.c_ulonglong()
+        try:
+            self.nvml.call("nvmlDeviceGetHandleByIndex_v2", index, ctypes.byref(handle))
+            uuid = self.nvml._text("nvmlDeviceGetUUID", NVML_DEVICE_UUID_V2_BUFFER_SIZE, handle)
+            self.nvml.call("nvmlDeviceGetSupportedEventTypes", handle, ctypes.byref(supported))
+            types = wanted & supported.value
+            if not types:
+                raise _NotSupported("nvmlDeviceRegisterEvents")
+            self.nvml.call("nvmlDeviceRegisterEvents", handle, types, self._set)
+        except _GpuLost:
+            self.unwatched[index] = "lost"
+            return
+        except (_NotSupported, NvmlError) as error:
+            self.unwatched[index] = "events not supported (%s)" % (error,)
+            return
+        self.registered[index] = types
+        self._gpus[int(handle.value or 0)] = {"index": index, "uuid": uuid}
+
+    def wait(self, timeout_ms: int) -> dict[str, Any] | None:
+        """The next event: {index, uuid, type (EVENT_NAMES), data}; None when none came within the timeout."""
+        data = _EventData()
+        code = self.nvml._function("nvmlEventSetWait_v2")(self._set, ctypes.byref(data), timeout_ms)
+        if code == NVML_ERROR_TIMEOUT:
+            return None
+        if code != NVML_SUCCESS:
+            raise NvmlError("nvmlEventSetWait_v2 failed: %s" % code_name(code), code, "nvmlEventSetWait_v2")
+        gpu = self._gpus.get(int(data.device or 0), {"index": None, "uuid": None})
+        kind = EVENT_NAMES.get(data.eventType, "type 0x%x" % data.eventType)
+        return {"index": gpu["index"], "uuid": gpu["uuid"], "type": kind, "data": int(data.eventData)}
+
+    def close(self) -> None:
+        if self._set.value:
+            self.nvml.call("nvmlEventSetFree", self._set)
+            self._set = ctypes.c_void_p()
 
 
 # Every key of a GPU dict except index, lost, unsupported and errors; in report order.

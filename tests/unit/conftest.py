@@ -21,4 +21,7 @@ def simgpu_machine(tmp_path: Path, simgpu_library: Path, monkeypatch: pytest.Mon
     description = tmp_path / "gpus.json"
     description.write_text(simgpu.DEFAULT_DESCRIPTION.read_text())
     monkeypatch.setenv(simgpu.DESCRIPTION_ENV, str(description))
+    # The driver's queues of the simulated machine: its kernel log and NVML's events.
+    monkeypatch.setenv("GPUFLEET_SIMGPU_KERNEL_LOG", str(tmp_path / "kern.log"))
+    monkeypatch.setenv("GPUFLEET_SIMGPU_EVENTS", str(tmp_path / "nvml-events"))
     return simgpu.SimulatedMachine(description, simgpu_library)

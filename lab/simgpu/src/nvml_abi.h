@@ -155,4 +155,22 @@ typedef struct nvmlGpuFabricInfo_st {
     nvmlGpuFabricState_t state;
 } nvmlGpuFabricInfo_t;
 
+/* Events (nvml.h): nvmlDeviceRegisterEvents takes a mask of these, nvmlEventSetWait_v2 fills nvmlEventData_t.
+ * For an XID, eventData is the XID number. */
+#define nvmlEventTypeSingleBitEccError 0x0000000000000001LL
+#define nvmlEventTypeDoubleBitEccError 0x0000000000000002LL
+#define nvmlEventTypePState 0x0000000000000004LL
+#define nvmlEventTypeXidCriticalError 0x0000000000000008LL
+#define nvmlEventTypeClock 0x0000000000000010LL
+
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+typedef struct nvmlEventData_st {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;      /* NVML_VALUE_NOT_AVAILABLE outside MIG */
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
 #endif

@@ -6,6 +6,9 @@
  * (simgpuctl) takes effect at the caller's next init, i.e. the next nvidia-smi or module run.
  */
 #include <pthread.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -472,5 +475,141 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpu
     info->status = (nvmlReturn_t)device->fabric_status;
     info->cliqueId = device->fabric_clique_id;
     info->state = (nvmlGpuFabricState_t)device->fabric_state;
+    return NVML_SUCCESS;
+}
+
+/* ---- events ---------------------------------------------------------------------------------- *
+ * The driver's event queue is a file here ($GPUFLEET_SIMGPU_EVENTS, default below) that simgpuctl appends
+ * one line per event to: "GPU-UUID EVENT_TYPE EVENT_DATA" (decimal). A set delivers the events appended after
+ * it was created, to the devices and types registered in it, as NVML delivers what happens after
+ * registration; a wait with nothing to deliver sleeps until its timeout and returns NVML_ERROR_TIMEOUT. */
+
+#define SIMGPU_EVENTS_ENV "GPUFLEET_SIMGPU_EVENTS"
+#define SIMGPU_DEFAULT_EVENTS "/var/log/gpufleet-simgpu/nvml-events"
+#define SIMGPU_EVENT_POLL_MS 20U
+
+struct nvmlEventSet_st {
+    unsigned long long registered[SIMGPU_MAX_GPUS]; /* event types per device index */
+    long offset;                                    /* bytes of the queue file already read */
+};
+
+static const char *events_path(void) {
+    const char *path = getenv(SIMGPU_EVENTS_ENV);
+    return (path != NULL && path[0] != '\0') ? path : SIMGPU_DEFAULT_EVENTS;
+}
+
+static long events_size(void) {
+    struct stat status;
+    return stat(events_path(), &status) == 0 ? (long)status.st_size : 0L;
+}
+
+static unsigned long long supported_events(nvmlDevice_t device) {
+    unsigned long long types = (unsigned long long)nvmlEventTypeXidCriticalError;
+    if (device->ecc_enabled && !(device->not_supported & FEATURE_ECC)) {
+        types |= (unsigned long long)(nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError);
+    }
+    return types;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *event_types) {
+    REQUIRE_DEVICE(device, 0);
+    REQUIRE_POINTER(event_types);
+    *event_types = supported_events(device);
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (init_count == 0) {
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    REQUIRE_POINTER(set);
+    struct nvmlEventSet_st *created = calloc(1, sizeof(*created));
+    if (created == NULL) {
+        return NVML_ERROR_MEMORY;
+    }
+    created->offset = events_size();
+    *set = created;
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long event_types,
+                                                  nvmlEventSet_t set) {
+    REQUIRE_DEVICE(device, 0);
+    REQUIRE_POINTER(set);
+    if (event_types & ~supported_events(device)) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    set->registered[device->index] |= event_types;
+    return NVML_SUCCESS;
+}
+
+/* The next queued event for the set, if any: 1 and data filled, or 0. */
+static int next_event(nvmlEventSet_t set, nvmlEventData_t *data) {
+    FILE *queue = fopen(events_path(), "r");
+    if (queue == NULL) {
+        return 0;
+    }
+    if (events_size() < set->offset) {
+        set->offset = 0; /* the queue was emptied (simgpuctl reset) */
+    }
+    int found = 0;
+    char line[256];
+    if (fseek(queue, set->offset, SEEK_SET) == 0) {
+        while (!found && fgets(line, sizeof(line), queue) != NULL) {
+            size_t length = strlen(line);
+            if (length == 0 || line[length - 1] != '\n') {
+                break; /* a line still being written: read it next time */
+            }
+            set->offset += (long)length;
+            char uuid[SIMGPU_TEXT_SIZE];
+            unsigned long long type, value;
+            if (sscanf(line, "%95s %llu %llu", uuid, &type, &value) != 3) {
+                continue;
+            }
+            for (unsigned int i = 0; i < machine.gpu_count; i++) {
+                if (strcmp(machine.gpus[i].uuid, uuid) == 0 && (set->registered[i] & type)) {
+                    data->device = &machine.gpus[i];
+                    data->eventType = type;
+                    data->eventData = value;
+                    data->gpuInstanceId = (unsigned int)NVML_VALUE_NOT_AVAILABLE;
+                    data->computeInstanceId = (unsigned int)NVML_VALUE_NOT_AVAILABLE;
+                    found = 1;
+                    break;
+                }
+            }
+        }
+    }
+    fclose(queue);
+    return found;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    if (init_count == 0) {
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    REQUIRE_POINTER(set);
+    REQUIRE_POINTER(data);
+    unsigned int waited = 0;
+    for (;;) {
+        if (next_event(set, data)) {
+            return NVML_SUCCESS;
+        }
+        if (waited >= timeout_ms) {
+            return NVML_ERROR_TIMEOUT;
+        }
+        unsigned int step = timeout_ms - waited < SIMGPU_EVENT_POLL_MS ? timeout_ms - waited : SIMGPU_EVENT_POLL_MS;
+        struct timespec pause = {0, (long)step * 1000000L};
+        nanosleep(&pause, NULL);
+        waited += step;
+    }
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    REQUIRE_POINTER(set);
+    free(set);
     return NVML_SUCCESS;
 }
