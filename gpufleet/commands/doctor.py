@@ -2,7 +2,7 @@
 
 playbooks/doctor.yml reads the node (NVML, nvidia-smi, the kernel log's XIDs, every vllm@ instance's journal,
 torch_stack_info of the serving venv, loaded vs installed driver, DKMS, free disk and GPU memory, the proxy's
-key); its evidence is matched against data/doctor/signatures.yml. Each finding prints its evidence line, the
+key, what the GPU watchdog did this boot and its cordon); its evidence is matched against data/doctor/signatures.yml. Each finding prints its evidence line, the
 cause and the fix, most fundamental first.
 
 Exit codes: 0 nothing found; 1 findings printed; 3 the node could not be read (unreachable, or the doctor's
@@ -87,6 +87,33 @@ def journal_evidence(node: dict[str, Any]) -> Iterator[Evidence]:
     for instance in node.get("instances") or []:
         for line in instance.get("journal") or []:
             yield "journal vllm@%s" % instance["name"], line
+
+
+def watchdog_evidence(watchdog: dict[str, Any]) -> Iterator[Evidence]:
+    """The cordon the watchdog wrote, and what it did this boot (its record, JSON lines)."""
+    try:
+        cordon = json.loads(watchdog.get("cordon") or "null")
+    except ValueError:
+        cordon = None
+    if isinstance(cordon, dict) and str(cordon.get("reason", "")).startswith("gpu-watchdog: "):
+        yield "cordon", "cordoned since %s: %s" % (cordon.get("since", "?"), cordon["reason"])
+    boot_id = watchdog.get("boot_id") or ""
+    for line in _lines(watchdog.get("records")):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("boot_id") == boot_id and record.get("action") != "log":
+            yield (
+                "gpu-watchdog",
+                "%s at %s: %s: %s"
+                % (
+                    record["action"],
+                    record.get("time", "?"),
+                    record.get("reason", ""),
+                    record.get("done", ""),
+                ),
+            )
 
 
 def torch_evidence(torch: dict[str, Any], declared_variant: str) -> Iterator[Evidence]:
@@ -174,6 +201,7 @@ def collect_evidence(evidence: dict[str, Any]) -> dict[str, list[Evidence]]:
         "journal": list(journal_evidence(evidence["node"])),
         "torch": list(torch_evidence(evidence.get("torch") or {}, str(evidence.get("declared_torch_variant") or ""))),
         "node": [("doctor", line) for line in node_lines],
+        "watchdog": list(watchdog_evidence(evidence.get("watchdog") or {})),
     }
 
 

@@ -36,6 +36,16 @@ SEVERITY = {action: rank for rank, action in enumerate(ACTIONS)}
 SAME_FAULT_SECONDS = 30.0
 INSTANCE_UNITS = "vllm@*.service"
 CGROUP_UNIT = re.compile(r"/(vllm@[^/]+\.service)")
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def read_boot_id() -> str:
+    """This boot's id: doctor names only the faults of the boot it looks at."""
+    try:
+        with open(BOOT_ID) as stream:
+            return stream.read().strip()
+    except OSError:
+        return ""
 
 
 def load_catalog(text: str) -> dict[int, dict[str, str]]:
@@ -182,8 +192,10 @@ class Watchdog:
         instances_on_gpu: Callable[[dict[str, Any]], list[str]],
         stop_units: Callable[[list[str]], str],
         clock: Callable[[], float] = time.time,
+        boot_id: str | None = None,
     ) -> None:
         self.catalog = catalog
+        self.boot_id = read_boot_id() if boot_id is None else boot_id
         self.cordon_file = cordon_file
         self.record_file = record_file
         self.instances_on_gpu = instances_on_gpu
@@ -215,7 +227,12 @@ class Watchdog:
             units = self.instances_on_gpu(fault)
             if decision["action"] == "stop_instances" or units:
                 done.append(self.stop_units(units) if units else "no instance runs on that GPU")
-        record = dict(fault, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), done="; ".join(done))
+        record = dict(
+            fault,
+            time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            done="; ".join(done),
+            boot_id=self.boot_id,
+        )
         record.update(decision)
         self._append(record)
         return record

@@ -89,9 +89,10 @@ set -ex
 # base: a kernel setting edited by hand, a directory opened up
 sed -i 's/^vm.swappiness = 1$/vm.swappiness = 60/' /etc/sysctl.d/90-gpufleet.conf
 chmod 0700 /var/log/gpufleet
-# driver: the persistence daemon's unit edited (and not reloaded), the daemon stopped
+# driver: the persistence daemon's unit edited (and not reloaded), the daemon stopped; the GPU watchdog stopped
+# (running, it would stop the instance on GPU 0 at the ECC errors below)
 sed -i 's/^Restart=always$/Restart=no/' /etc/systemd/system/nvidia-persistenced.service
-systemctl stop nvidia-persistenced
+systemctl stop nvidia-persistenced gpufleet-gpu-watchdog
 # driver: the module of another driver loaded; gpu_health: uncorrectable ECC errors on GPU 0
 {SIMGPUCTL} driver-version 570.133.20
 {SIMGPUCTL} ecc-errors --gpu 0 7
@@ -140,7 +141,7 @@ chmod $(cat {BACKUP}/log-mode) /var/log/gpufleet
 cp -a {BACKUP}/nvidia-persistenced.service /etc/systemd/system/ && systemctl daemon-reload
 {SIMGPUCTL} driver-version {driver}
 {SIMGPUCTL} ecc-errors --gpu 0 0
-systemctl start nvidia-persistenced
+systemctl start nvidia-persistenced gpufleet-gpu-watchdog
 ln -sfn $(cat {BACKUP}/cuda-link) /usr/local/cuda
 cp -a {BACKUP}/cuda.conf /etc/ld.so.conf.d/ && ldconfig
 cp -a {BACKUP}/version /opt/pyenv/version
@@ -257,6 +258,7 @@ def test_every_tamper_is_reported_on_its_layer_and_the_drift_run_writes_nothing(
     driver = findings(report, tampered, "driver")
     assert ("NVIDIA driver", "loaded", "580.95.05", "570.133.20") in driver
     assert ("service nvidia-persistenced", "active", "active", "inactive (dead)") in driver
+    assert ("service gpufleet-gpu-watchdog", "active", "active", "inactive (dead)") in driver
     assert {
         ("file /etc/systemd/system/nvidia-persistenced.service", "content"),
         ("service nvidia-persistenced", "loaded unit"),

@@ -1,12 +1,17 @@
-"""The GPU health gate on a lab node: an XID 79 in this boot's kernel log (the simulated GPU's driver line,
-written by the node's gpufleet-simgpuctl) keeps a stopped vLLM instance stopped with the reason, and drift's
-gpu_health layer reports it; with the log cleared the serve layer starts the instance again."""
+"""The GPU health gate and the GPU watchdog on a lab node. An XID 79 (the simulated GPU's driver line in the kernel
+log and its NVML event, raised by the node's gpufleet-simgpuctl) makes the watchdog cordon the node on its own,
+with no gpufleet command run: its proxy answers 503, doctor names the watchdog's cordon first, and only
+`gpufleet uncordon` puts it back. The health gate keeps a stopped vLLM instance stopped with the reason, and
+drift's gpu_health layer reports it; with the log cleared the serve layer starts the instance again. A double-bit
+ECC error on GPU 1 stops only the instance on GPU 1."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from gpufleet import PROJECT_ROOT
@@ -15,6 +20,33 @@ from gpufleet.drift import read_report
 
 CTL = "/usr/local/sbin/gpufleet-simgpuctl"
 BIN = Path(sys.executable).parent
+PROXY_HEALTH = "curl -sk -o /dev/null -w '%{http_code}' https://127.0.0.1/health"
+# The bound this suite holds the watchdog to: from the fault to the cordon (or the stop) on the node.
+WATCHDOG_SECONDS = 10
+
+
+def wait_on_node(ansible: AnsibleRunner, node: str, command: str, expected: str) -> float:
+    """Seconds until `command` prints `expected` on the node (checked every half second), within the bound."""
+    started = time.monotonic()
+    while True:
+        seen = shell(ansible, node, command)
+        waited = time.monotonic() - started
+        if seen == expected:
+            return waited
+        assert waited < WATCHDOG_SECONDS, f"{command!r} printed {seen!r} after {waited:.1f} s, not {expected!r}"
+        time.sleep(0.5)
+
+
+def gpufleet(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "gpufleet"), *arguments],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "GPUFLEET_RUNS_DIR": str(tmp_path)},
+        timeout=600,
+        check=False,
+    )
 
 
 def shell(ansible: AnsibleRunner, node: str, command: str) -> str:
@@ -36,8 +68,19 @@ def test_an_xid_keeps_the_instance_stopped_and_drift_reports_it(
     lab_inventory: Path, lab_hosts: dict[str, dict], ansible: AnsibleRunner, tmp_path: Path
 ) -> None:
     node = sorted(lab_hosts)[0]
+    assert shell(ansible, node, PROXY_HEALTH) == "200"
     shell(ansible, node, f"systemctl stop vllm@greedy.service && {CTL} xid 79")
     try:
+        # The watchdog, on its own: the node is cordoned with the XID as its reason, and the instance on GPU 0 stops.
+        waited = wait_on_node(ansible, node, f"test -e /etc/gpufleet/cordon && {PROXY_HEALTH} || echo no", "503")
+        print(f"watchdog: cordoned {waited:.1f} s after the XID")
+        cordon = json.loads(shell(ansible, node, "cat /etc/gpufleet/cordon"))
+        assert cordon["reason"].startswith("gpu-watchdog: XID 79 on GPU 0 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS")
+        wait_on_node(ansible, node, "systemctl is-active vllm@main.service || true", "inactive")
+        doctor = gpufleet(tmp_path, "doctor", "-i", str(lab_inventory), "--limit", node)
+        assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+        assert doctor.stdout.splitlines()[1].startswith("1. watchdog-cordoned"), doctor.stdout
+
         gated = serve(lab_inventory, node)
         assert gated.returncode != 0, gated.stdout[-3000:]
         assert "the GPUs are not fit to serve" in gated.stdout and "XID 79 on the GPU at PCI 0000:00:06" in gated.stdout
@@ -60,6 +103,37 @@ def test_an_xid_keeps_the_instance_stopped_and_drift_reports_it(
         assert [(item.field, item.expected) for item in layer.drift] == [("xid 79", "none since boot")]
     finally:
         shell(ansible, node, f"{CTL} xid-clear")
+    restored = serve(lab_inventory, node)
+    assert restored.returncode == 0, restored.stdout[-3000:]
+    assert shell(ansible, node, "systemctl is-active vllm@greedy.service vllm@main.service") == "active\nactive"
+    # Serving again does not take the cordon away: only the operator does.
+    assert shell(ansible, node, PROXY_HEALTH) == "503"
+    uncordoned = gpufleet(tmp_path, "uncordon", "-i", str(lab_inventory), "--limit", node)
+    assert uncordoned.returncode == 0, uncordoned.stdout + uncordoned.stderr
+    assert shell(ansible, node, PROXY_HEALTH) == "200"
+
+
+def test_a_double_bit_ecc_error_stops_only_the_instance_on_its_gpu(
+    lab_inventory: Path, lab_hosts: dict[str, dict], ansible: AnsibleRunner
+) -> None:
+    node = sorted(lab_hosts)[0]
+    # A second simulated GPU for the instance `greedy` (CUDA_VISIBLE_DEVICES=1); the watchdog learns the GPUs at
+    # its start, as it would after the node boots.
+    shell(ansible, node, f"{CTL} gpu-count 2 && systemctl restart gpufleet-gpu-watchdog && sleep 2")
+    try:
+        shell(ansible, node, f"{CTL} ecc-errors --gpu 1 1")
+        waited = wait_on_node(ansible, node, "systemctl is-active vllm@greedy.service || true", "inactive")
+        print(f"watchdog: stopped vllm@greedy {waited:.1f} s after the double-bit error")
+        assert shell(ansible, node, "systemctl is-active vllm@main.service") == "active"
+        assert shell(ansible, node, PROXY_HEALTH) == "200"
+        assert shell(ansible, node, "test -e /etc/gpufleet/cordon && echo cordoned || echo no") == "no"
+        record = json.loads(shell(ansible, node, "tail -n 1 /var/lib/gpufleet/gpu-watchdog/faults.jsonl"))
+        assert (record["kind"], record["gpu"], record["action"]) == ("double_bit_ecc", 1, "stop_instances")
+        assert record["done"] == "stopped vllm@greedy.service"
+    finally:
+        shell(
+            ansible, node, f"{CTL} ecc-errors --gpu 1 0 && {CTL} gpu-count 1 && systemctl restart gpufleet-gpu-watchdog"
+        )
     restored = serve(lab_inventory, node)
     assert restored.returncode == 0, restored.stdout[-3000:]
     assert shell(ansible, node, "systemctl is-active vllm@greedy.service") == "active"

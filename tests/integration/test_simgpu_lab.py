@@ -39,6 +39,9 @@ PLAYBOOK = textwrap.dedent(f"""\
       gather_facts: false
       environment:
         GPUFLEET_SIMGPU_CONFIG: {PREFIX}/etc/gpus.json
+        # This machine's faults stay in its own queues: the node's GPU watchdog follows the host's.
+        GPUFLEET_SIMGPU_EVENTS: {PREFIX}/nvml-events
+        GPUFLEET_SIMGPU_KERNEL_LOG: {PREFIX}/kern.log
         LD_LIBRARY_PATH: {PREFIX}/lib
       tasks:
         - name: Read the clean state

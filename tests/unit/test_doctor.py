@@ -15,6 +15,8 @@ import pytest
 from gpufleet import PROJECT_ROOT, exit_codes
 from gpufleet.commands.doctor import diagnose, format_findings, load_signatures
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpu_watchdog
+
 REAL = PROJECT_ROOT / "tests" / "fixtures" / "h200-real"
 SIGNATURES = load_signatures()
 
@@ -169,8 +171,51 @@ def test_gpu_health_problems_are_findings() -> None:
     assert ids(evidence) == ["gpu-lost", "xid-ecc", "xid-other"]
 
 
+def watchdog_faults(tmp_path: Path, boot_id: str, *faults: dict[str, Any]) -> None:
+    """Faults handled by the real GPU watchdog (its record and cordon file under tmp_path) in the boot `boot_id`."""
+    catalog = gpu_watchdog.load_catalog((PROJECT_ROOT / "data" / "health" / "xid_catalog.csv").read_text())
+    dog = gpu_watchdog.Watchdog(
+        catalog,
+        str(tmp_path / "cordon"),
+        str(tmp_path / "faults.jsonl"),
+        lambda fault: ["vllm@main.service"],
+        lambda units: "stopped " + ", ".join(units),
+        boot_id=boot_id,
+    )
+    for fault in faults:
+        dog.handle(fault)
+
+
+def test_what_the_watchdog_did_this_boot_comes_first(tmp_path: Path) -> None:
+    def xid(number: int, gpu: int) -> dict[str, Any]:
+        return {"source": "nvml", "kind": "xid", "xid": number, "gpu": gpu, "pci": "0000:0%d:00" % gpu, "evidence": "e"}
+
+    watchdog_faults(tmp_path, "old-boot", xid(95, 1))
+    watchdog_faults(tmp_path, "this-boot", xid(13, 0), xid(79, 0))
+    evidence = healthy_h200()
+    evidence["health"]["problems"] = [
+        {"check": "xid", "evidence": "NVRM: Xid (PCI:0000:00:00): 79, GPU has fallen off the bus", "message": "XID 79"}
+    ]
+    evidence["watchdog"] = {
+        "records": (tmp_path / "faults.jsonl").read_text(),
+        "cordon": (tmp_path / "cordon").read_text(),
+        "boot_id": "this-boot",
+    }
+    findings = diagnose(evidence, SIGNATURES)
+    assert [finding["id"] for finding in findings] == ["watchdog-cordoned", "gpu-lost"]
+    assert "XID 79 on GPU 0 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" in findings[0]["evidence"]
+    assert "gpufleet uncordon" in findings[0]["fix"]
+    # The old boot's GPU reset is history; the same fault this boot stopped the GPU's instance.
+    watchdog_faults(tmp_path, "this-boot", xid(95, 1))
+    evidence["watchdog"]["records"] = (tmp_path / "faults.jsonl").read_text()
+    evidence["watchdog"]["cordon"] = ""  # uncordoned since
+    findings = diagnose(evidence, SIGNATURES)
+    assert [finding["id"] for finding in findings] == ["watchdog-stopped-instances", "gpu-lost"]
+    assert findings[0]["evidence"].endswith("stopped vllm@main.service")
+
+
 def test_every_signature_names_a_source_and_compiles() -> None:
-    known = {"nvidia_smi", "nvml", "health", "journal", "torch", "node"}
+    known = {"nvidia_smi", "nvml", "health", "journal", "torch", "node", "watchdog"}
     for signature in SIGNATURES:
         assert signature["source"] and signature["cause"] and signature["fix"]
         assert set(signature["in"]) <= known, signature["id"]
