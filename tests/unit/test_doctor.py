@@ -15,7 +15,7 @@ import pytest
 from gpufleet import PROJECT_ROOT, exit_codes
 from gpufleet.commands.doctor import diagnose, format_findings, load_signatures
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils import gpu_watchdog
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpu_health, gpu_watchdog
 
 REAL = PROJECT_ROOT / "tests" / "fixtures" / "h200-real"
 SIGNATURES = load_signatures()
@@ -169,6 +169,18 @@ def test_gpu_health_problems_are_findings() -> None:
         },
     ]
     assert ids(evidence) == ["gpu-lost", "xid-ecc", "xid-other"]
+
+
+def test_dcgm_failures_and_a_dcgm_that_could_not_run_are_named() -> None:
+    failed = gpu_health.dcgm_problems(
+        226, (PROJECT_ROOT / "tests/fixtures/dcgm/dcgm3-r3-fail-memory.txt").read_text(), 3
+    )
+    not_run = gpu_health.dcgm_problems(255, (PROJECT_ROOT / "tests/fixtures/dcgm/dcgm3-error-mig.txt").read_text(), 1)
+    evidence = healthy_h200()
+    evidence["health"]["problems"] = failed
+    assert ids(evidence) == ["dcgm-failed"]
+    evidence["health"]["problems"] = not_run
+    assert ids(evidence) == ["dcgm-not-run"]
 
 
 def watchdog_faults(tmp_path: Path, boot_id: str, *faults: dict[str, Any]) -> None:

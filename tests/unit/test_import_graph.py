@@ -5,6 +5,7 @@ plugin_utils, never another plugin."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,11 +62,22 @@ def test_the_graph_sees_the_imports_it_checks() -> None:
     assert f"{COLLECTION}plugin_utils.stack_resolve" in action
 
 
+def role_shipped_module_utils() -> list[Path]:
+    """module_utils a role copies to nodes as they are (nvidia_driver's GPU watchdog runs them as a service)."""
+    named = {
+        match.group(1)
+        for path in (PROJECT_ROOT / "roles").glob("*/vars/*.yml")
+        for match in re.finditer(r"plugins/module_utils/(\w+)\.py", path.read_text())
+    }
+    return sorted(PLUGINS / "module_utils" / f"{name}.py" for name in named)
+
+
 def test_every_module_util_is_shipped_for_a_module() -> None:
-    """module_utils is what modules carry to nodes: a file no module reaches (directly or through another) is
-    controller-only and belongs in plugin_utils. The review found four (the stack validator's, issue 30)."""
-    reached: set[str] = set()
-    todo = sorted((PLUGINS / "modules").glob("*.py"))
+    """module_utils is what modules (or a role's service) carry to nodes: a file none reaches (directly or through
+    another) is controller-only and belongs in plugin_utils. The review found four (the stack validator's, issue
+    30)."""
+    reached: set[str] = {path.stem for path in role_shipped_module_utils()}
+    todo = sorted((PLUGINS / "modules").glob("*.py")) + role_shipped_module_utils()
     while todo:
         for name in imported(todo.pop()):
             if kind(name) == "module_utils" and name.startswith(COLLECTION):
@@ -75,3 +87,14 @@ def test_every_module_util_is_shipped_for_a_module() -> None:
                     todo.append(PLUGINS / "module_utils" / f"{util}.py")
     shipped = {path.stem for path in (PLUGINS / "module_utils").glob("*.py")}
     assert shipped - reached == set()
+
+
+def test_a_role_ships_every_module_util_its_code_imports() -> None:
+    """The GPU watchdog runs outside Ansible: each module_util its files import must be copied beside them."""
+    shipped = {path.stem for path in role_shipped_module_utils()}
+    assert shipped, "nvidia_driver's watchdog ships module_utils"
+    for path in role_shipped_module_utils():
+        for name in imported(path):
+            if kind(name) == "module_utils" and name.startswith(COLLECTION):
+                util = name.removeprefix(f"{COLLECTION}module_utils").lstrip(".").split(".")[0]
+                assert not util or util in shipped, f"{path.name} imports {util}, which no role copies beside it"
