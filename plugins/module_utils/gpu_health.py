@@ -233,7 +233,7 @@ def _dcgm_json_report(output: str) -> dict[str, Any] | None:
     if start < 0:
         return None
     try:
-        document, _ = json.JSONDecoder().raw_decode(output[start:])
+        document = json.JSONDecoder().raw_decode(output[start:])[0]
     except ValueError:
         return None
     if not isinstance(document, dict):

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -347,7 +348,9 @@ class Node:
 
 
 def log(message: str) -> None:
-    print(message, flush=True)
+    """A line for the service's journal."""
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
 
 
 def serve(

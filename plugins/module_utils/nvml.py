@@ -396,6 +396,7 @@ class EventWatch:
         self.nvml = nvml
         self._set = ctypes.c_void_p()
         nvml.call("nvmlEventSetCreate", ctypes.byref(self._set))
+        self._open = True
         self.registered: dict[int, int] = {}
         self.unwatched: dict[int, str] = {}
         self._gpus: dict[int, dict[str, Any]] = {}
@@ -435,9 +436,9 @@ class EventWatch:
         return {"index": gpu["index"], "uuid": gpu["uuid"], "type": kind, "data": int(data.eventData)}
 
     def close(self) -> None:
-        if self._set.value:
+        if self._open:
             self.nvml.call("nvmlEventSetFree", self._set)
-            self._set = ctypes.c_void_p()
+            self._open = False
 
 
 # Every key of a GPU dict except index, lost, unsupported and errors; in report order.
