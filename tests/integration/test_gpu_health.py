@@ -64,14 +64,32 @@ def serve(inventory: Path, node: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_an_xid_keeps_the_instance_stopped_and_drift_reports_it(
+def test_gpu_faults_are_acted_on_by_the_watchdog_gated_by_serve_and_reported_by_drift(
     lab_inventory: Path, lab_hosts: dict[str, dict], ansible: AnsibleRunner, tmp_path: Path
 ) -> None:
     node = sorted(lab_hosts)[0]
     assert shell(ansible, node, PROXY_HEALTH) == "200"
-    shell(ansible, node, f"systemctl stop vllm@greedy.service && {CTL} xid 79")
+    # A double-bit ECC error on GPU 1 stops only the instance on GPU 1 (greedy, CUDA_VISIBLE_DEVICES=1). The second
+    # simulated GPU exists for this case: the watchdog learns the GPUs at its start, as after the node boots.
+    shell(ansible, node, f"{CTL} gpu-count 2 && systemctl restart gpufleet-gpu-watchdog && sleep 2")
     try:
-        # The watchdog, on its own: the node is cordoned with the XID as its reason, and the instance on GPU 0 stops.
+        shell(ansible, node, f"{CTL} ecc-errors --gpu 1 1")
+        waited = wait_on_node(ansible, node, "systemctl is-active vllm@greedy.service || true", "inactive")
+        print(f"watchdog: stopped vllm@greedy {waited:.1f} s after the double-bit error")
+        assert shell(ansible, node, "systemctl is-active vllm@main.service") == "active"
+        assert shell(ansible, node, f"test -e /etc/gpufleet/cordon && echo cordoned || {PROXY_HEALTH}") == "200"
+        record = json.loads(shell(ansible, node, "tail -n 1 /var/lib/gpufleet/gpu-watchdog/faults.jsonl"))
+        assert (record["kind"], record["gpu"], record["action"]) == ("double_bit_ecc", 1, "stop_instances")
+        assert record["done"] == "stopped vllm@greedy.service"
+    finally:
+        shell(
+            ansible, node, f"{CTL} ecc-errors --gpu 1 0 && {CTL} gpu-count 1 && systemctl restart gpufleet-gpu-watchdog"
+        )
+
+    shell(ansible, node, f"sleep 2 && {CTL} xid 79")
+    try:
+        # XID 79, with no gpufleet command run: the node is cordoned with the XID as its reason (503 at its proxy)
+        # and the instance on GPU 0 stops.
         waited = wait_on_node(ansible, node, f"test -e /etc/gpufleet/cordon && {PROXY_HEALTH} || echo no", "503")
         print(f"watchdog: cordoned {waited:.1f} s after the XID")
         cordon = json.loads(shell(ansible, node, "cat /etc/gpufleet/cordon"))
@@ -81,21 +99,14 @@ def test_an_xid_keeps_the_instance_stopped_and_drift_reports_it(
         assert doctor.returncode == 1, doctor.stdout + doctor.stderr
         assert doctor.stdout.splitlines()[1].startswith("1. watchdog-cordoned"), doctor.stdout
 
+        # The health gate keeps the stopped instances stopped, with the reason.
         gated = serve(lab_inventory, node)
         assert gated.returncode != 0, gated.stdout[-3000:]
         assert "the GPUs are not fit to serve" in gated.stdout and "XID 79 on the GPU at PCI 0000:00:06" in gated.stdout
         assert "GPU has fallen off the bus" in gated.stdout
         assert shell(ansible, node, "systemctl is-active vllm@greedy.service || true") == "inactive"
 
-        drift = subprocess.run(
-            [str(BIN / "gpufleet"), "drift", "-i", str(lab_inventory), "--limit", node, "--layers", "gpu_health"],
-            capture_output=True,
-            text=True,
-            cwd=PROJECT_ROOT,
-            env={**os.environ, "GPUFLEET_RUNS_DIR": str(tmp_path)},
-            timeout=600,
-            check=False,
-        )
+        drift = gpufleet(tmp_path, "drift", "-i", str(lab_inventory), "--limit", node, "--layers", "gpu_health")
         assert drift.returncode == 2, drift.stdout + drift.stderr
         report = read_report(next(tmp_path.glob("*-drift")) / "drift")
         layer = report.nodes[node].layers["gpu_health"]
@@ -111,29 +122,3 @@ def test_an_xid_keeps_the_instance_stopped_and_drift_reports_it(
     uncordoned = gpufleet(tmp_path, "uncordon", "-i", str(lab_inventory), "--limit", node)
     assert uncordoned.returncode == 0, uncordoned.stdout + uncordoned.stderr
     assert shell(ansible, node, PROXY_HEALTH) == "200"
-
-
-def test_a_double_bit_ecc_error_stops_only_the_instance_on_its_gpu(
-    lab_inventory: Path, lab_hosts: dict[str, dict], ansible: AnsibleRunner
-) -> None:
-    node = sorted(lab_hosts)[0]
-    # A second simulated GPU for the instance `greedy` (CUDA_VISIBLE_DEVICES=1); the watchdog learns the GPUs at
-    # its start, as it would after the node boots.
-    shell(ansible, node, f"{CTL} gpu-count 2 && systemctl restart gpufleet-gpu-watchdog && sleep 2")
-    try:
-        shell(ansible, node, f"{CTL} ecc-errors --gpu 1 1")
-        waited = wait_on_node(ansible, node, "systemctl is-active vllm@greedy.service || true", "inactive")
-        print(f"watchdog: stopped vllm@greedy {waited:.1f} s after the double-bit error")
-        assert shell(ansible, node, "systemctl is-active vllm@main.service") == "active"
-        assert shell(ansible, node, PROXY_HEALTH) == "200"
-        assert shell(ansible, node, "test -e /etc/gpufleet/cordon && echo cordoned || echo no") == "no"
-        record = json.loads(shell(ansible, node, "tail -n 1 /var/lib/gpufleet/gpu-watchdog/faults.jsonl"))
-        assert (record["kind"], record["gpu"], record["action"]) == ("double_bit_ecc", 1, "stop_instances")
-        assert record["done"] == "stopped vllm@greedy.service"
-    finally:
-        shell(
-            ansible, node, f"{CTL} ecc-errors --gpu 1 0 && {CTL} gpu-count 1 && systemctl restart gpufleet-gpu-watchdog"
-        )
-    restored = serve(lab_inventory, node)
-    assert restored.returncode == 0, restored.stdout[-3000:]
-    assert shell(ansible, node, "systemctl is-active vllm@greedy.service") == "active"

@@ -729,7 +729,10 @@ def test_tensor_parallel_2_serves_with_both_ranks_on_loopback(served_lab: Served
     assert (seen["ActiveState"], seen["Result"]) == ("inactive", "success"), result
 
 
+@pytest.mark.slow
 def test_rerun_changes_nothing_and_restarts_nothing(served_lab: ServedLab, ansible: AnsibleRunner) -> None:
+    """make test-slow: in make test, molecule's serve scenario converges the same playbooks twice and requires 0
+    changed (a restart is a change); this one also compares every unit's start time and the rerun's output."""
     before = all_unit_states(ansible, served_lab)
     rerun = run_playbooks(served_lab.inventory, SERVE_PLAYBOOKS)
     print(f"rerun of model, serve, proxy: {rerun.seconds:.0f} s, changed {rerun.changed()}")

@@ -105,6 +105,7 @@ def declare_renamed(host_vars: Path, node: str, name: str) -> None:
     (host_vars / f"{node}.yml").write_text(yaml.safe_dump({"vllm_service_instances": renamed}))
 
 
+@pytest.mark.slow
 def test_a_controller_killed_while_an_instance_is_renamed_is_finished_by_the_next_run(
     lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
 ) -> None:
@@ -165,11 +166,11 @@ def test_a_controller_killed_while_an_instance_is_renamed_is_finished_by_the_nex
     assert state(lab_inventory, node, "systemctl show -p ActiveEnterTimestamp vllm@main") == main_started
 
 
-@pytest.mark.slow
 def test_a_controller_killed_while_the_snapshot_is_taken_leaves_the_node_serving(
     lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
 ) -> None:
-    """The kill matrix's snapshot phase (make test-slow): the controller is killed while the layers' roles write the
+    """The kill matrix's snapshot phase, its case in make test (the applying and rollback phases, with an instance
+    renamed, are in make test-slow: 349 s and more): the controller is killed while the layers' roles write the
     new snapshot, before anything changes. The node keeps serving its old declaration, undrained and with nothing
     restarted; the snapshot in place is still the last whole one (the new one becomes it by one rename); the next
     run (--break-lease) takes a whole snapshot and upgrades, leaving that one snapshot and nothing of the killed."""
