@@ -9,6 +9,7 @@ each node's venv again beside the one in service (no reboot) and switches the in
 Usage: .venv/bin/python bench/rollout.py [--hosts b-1,b-2,b-3,b-4] [--requests-per-second 2]
        (GPUFLEET_LAB_INVENTORY and friends name the lab; its nodes must be converged with site.yml)
 
+Each host's instances are first moved to a core of the host's own (own_core; not measured) and put back at the end.
 Prints per rollout: its wall time against the sum of the per-node upgrade times, and the requests answered (200)
 and failed (anything else), with the node HAProxy sent each answered one to. The driver change is a host_vars file
 per node beside the lab inventory, removed at the end. Requests go to the lab's balancer only (on the lab's own
@@ -174,15 +175,45 @@ def newest_standin_driver() -> str:
     return max(versions, key=lambda version: tuple(int(part) for part in version.split(".")))
 
 
-def with_host_vars(directory: Path, hosts: list[str], values: dict, body: Callable[[], None]) -> None:
-    written = [directory / f"{host}.yml" for host in hosts]
+def own_core(hosts: list[str]) -> dict[str, dict]:
+    """Per host, the lab's instances with their OpenMP threads on a core of the host's own (host i: core i modulo
+    the controller's cores). The lab binds every host's main instance to core 0 and greedy to core 1; on 2 cores
+    an engine bound to the core of another host's serving engine took minutes to initialise (lab-1's greedy after
+    its driver reboot, beside lab-2's main answering the bench: 5 minutes between its first log lines), which
+    measures the lab's shared cores, not the rollout."""
+    instances = yaml.safe_load((LAB_VARS / "serve.yml").read_text())["vllm_service_instances"]
+    cores = os.cpu_count() or 1
+    return {
+        host: {
+            "vllm_service_instances": [
+                {**item, "env": {**item["env"], "VLLM_CPU_OMP_THREADS_BIND": str(position % cores)}}
+                for item in instances
+            ]
+        }
+        for position, host in enumerate(hosts)
+    }
+
+
+def with_host_vars(directory: Path, values: dict[str, dict], body: Callable[[], None]) -> None:
+    """Runs `body` with a host_vars file per host holding its values, removed afterwards."""
+    written = [directory / f"{host}.yml" for host in values]
     try:
-        for path in written:
-            path.write_text(yaml.safe_dump(values))
+        for host, path in zip(values, written):
+            path.write_text(yaml.safe_dump(values[host]))
         body()
     finally:
         for path in written:
             path.unlink(missing_ok=True)
+
+
+def serve_layers(inventory: Path, hosts: list[str], runs: Path, why: str) -> None:
+    """Converges the serving layers of the hosts (not measured), e.g. to move the instances to their cores."""
+    rc, output = run(
+        [str(BIN / "gpufleet"), "provision", "-i", str(inventory), "--limit", ",".join(hosts), "--tags", "serve,proxy"],
+        runs,
+    )
+    if rc != 0:
+        sys.exit(f"bench: {why}: the serve layer failed ({rc}):\n{output[-8000:]}")
 
 
 def main() -> int:
@@ -203,13 +234,18 @@ def main() -> int:
     created = not host_vars.exists()
     host_vars.mkdir(exist_ok=True)
     stack = yaml.safe_load((LAB_VARS / "stack.yml").read_text())["gpufleet_stack"]
+    cores = own_core(hosts)
+
+    def each(values: dict) -> dict[str, dict]:
+        return {host: {**cores[host], **values} for host in hosts}
+
     try:
+        with_host_vars(host_vars, cores, lambda: serve_layers(inventory, hosts, runs, "each host on its own core"))
         newest = newest_standin_driver()
         newer = {"gpufleet_stack": {**stack, "driver": newest}}
         with_host_vars(
             host_vars,
-            hosts,
-            newer,
+            each(newer),
             lambda: measured(
                 f"driver {stack['driver']} -> {newest}",
                 upgrade_cli(inventory, hosts, runs),
@@ -222,8 +258,7 @@ def main() -> int:
         # Back to the lab's declaration: a downgrade, which the driver role does only when allowed.
         with_host_vars(
             host_vars,
-            hosts,
-            {"nvidia_driver_allow_downgrade": True},
+            each({"nvidia_driver_allow_downgrade": True}),
             lambda: measured(
                 f"driver {newest} -> {stack['driver']} (taken back)",
                 upgrade_cli(inventory, hosts, runs),
@@ -234,15 +269,21 @@ def main() -> int:
             ),
         )
         plant_handmade_package(inventory, hosts)
-        measured(
-            "venv built again beside the one in service",
-            upgrade_cli(inventory, hosts, runs, layers="venv,kernels"),
-            CLI_NODE_LINE,
-            front.url,
-            log,
-            rate,
+        with_host_vars(
+            host_vars,
+            cores,
+            lambda: measured(
+                "venv built again beside the one in service",
+                upgrade_cli(inventory, hosts, runs, layers="venv,kernels"),
+                CLI_NODE_LINE,
+                front.url,
+                log,
+                rate,
+            ),
         )
     finally:
+        # The lab's own binding again.
+        serve_layers(inventory, hosts, runs, "the lab's cores again")
         if created and not any(host_vars.iterdir()):
             host_vars.rmdir()
     return 0

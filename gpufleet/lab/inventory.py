@@ -27,19 +27,7 @@ class InventoryHost(NamedTuple):
     cluster_address: str = ""
 
 
-def instance_cores(position: int, cores: int) -> list[int]:
-    """The cores of a host's two instances (main, greedy): each host a pair of the controller's cores, pairs taken
-    in turn and swapped on every other round, so that on a 2-core controller the main instance that a rolling
-    upgrade starts again on one host does not share its core with the next host's, serving meanwhile."""
-    pairs = cores // 2
-    if pairs == 0:
-        return [0, 0]
-    first = 2 * (position % pairs)
-    pair = [first, first + 1]
-    return pair[::-1] if (position // pairs) % 2 else pair
-
-
-def host_vars(config: LabConfig, host: InventoryHost, cores: list[int]) -> dict[str, Any]:
+def host_vars(config: LabConfig, host: InventoryHost) -> dict[str, str]:
     return {
         "ansible_host": host.address,
         "ansible_user": "root",
@@ -52,16 +40,13 @@ def host_vars(config: LabConfig, host: InventoryHost, cores: list[int]) -> dict[
         "gpufleet_mirror_url": host.mirror_url,
         # Which lab image the host was made from (`gpufleet lab up --os`); Ansible's facts say the same.
         "gpufleet_lab_os": host.os,
-        # The cores its instances' OpenMP threads are bound to (group_vars/all/serve.yml).
-        "gpufleet_lab_cores": cores,
         **({"gpufleet_lab_cluster_address": host.cluster_address} if host.cluster_address else {}),
     }
 
 
-def render(config: LabConfig, hosts: Sequence[InventoryHost], cores: int | None = None) -> str:
-    """YAML text for the hosts, in the given order; `cores`: the controller's (default: os.cpu_count())."""
-    count = cores or os.cpu_count() or 1
-    entries = {host.name: host_vars(config, host, instance_cores(i, count)) for i, host in enumerate(hosts)}
+def render(config: LabConfig, hosts: Sequence[InventoryHost]) -> str:
+    """YAML text for the hosts, in the given order."""
+    entries = {host.name: host_vars(config, host) for host in hosts}
     children: dict[str, Any] = {"gpu_nodes": {"hosts": entries}}
     cluster = [host.name for host in hosts if host.cluster_address]
     if cluster:

@@ -65,11 +65,3 @@ def test_ansible_inventory_parses_it(config: LabConfig) -> None:
     parsed = json.loads(result.stdout)
     assert sorted(parsed["gpu_nodes"]["hosts"]) == ["lab-1", "lab-2"]
     assert parsed["_meta"]["hostvars"]["lab-1"]["ansible_host"] == "10.213.7.6"
-
-
-def test_hosts_take_the_cores_in_turn(config: LabConfig) -> None:
-    rows = [*ROWS, ROWS[0]._replace(name="lab-3")]
-    hosts = yaml.safe_load(inventory.render(config, rows, cores=2))["all"]["children"]["gpu_nodes"]["hosts"]
-    assert [hosts[name]["gpufleet_lab_cores"] for name in ("lab-1", "lab-2", "lab-3")] == [[0, 1], [1, 0], [0, 1]]
-    sixteen = yaml.safe_load(inventory.render(config, rows, cores=16))["all"]["children"]["gpu_nodes"]["hosts"]
-    assert [sixteen[name]["gpufleet_lab_cores"] for name in ("lab-1", "lab-2", "lab-3")] == [[0, 1], [2, 3], [4, 5]]
