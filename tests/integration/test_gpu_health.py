@@ -8,13 +8,13 @@ ECC error on GPU 1 stops only the instance on GPU 1."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from gpufleet import PROJECT_ROOT
+from test_drift_support import gpufleet
 from tests.integration.conftest import AnsibleRunner
 from gpufleet.drift import read_report
 
@@ -35,18 +35,6 @@ def wait_on_node(ansible: AnsibleRunner, node: str, command: str, expected: str)
             return waited
         assert waited < WATCHDOG_SECONDS, f"{command!r} printed {seen!r} after {waited:.1f} s, not {expected!r}"
         time.sleep(0.5)
-
-
-def gpufleet(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "gpufleet"), *arguments],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        env={**os.environ, "GPUFLEET_RUNS_DIR": str(tmp_path)},
-        timeout=600,
-        check=False,
-    )
 
 
 def shell(ansible: AnsibleRunner, node: str, command: str) -> str:
