@@ -177,10 +177,14 @@ def print_query(expression: str, report: FleetReport) -> int:
 
 
 def copy_report(source: Path, destination: Path) -> None:
+    """Each file is copied beside its name and renamed over it, so that a reader of DIR (node_exporter's textfile
+    collector reading drift.prom on a schedule) sees the previous run's file or this run's, never half of one."""
     try:
         destination.mkdir(parents=True, exist_ok=True)
         for name in REPORT_FILES.values():
-            shutil.copy2(source / name, destination / name)
+            partial = destination / f".{name}.partial"
+            shutil.copy2(source / name, partial)
+            partial.replace(destination / name)
     except OSError as error:
         raise GpufleetError(f"cannot copy the report to {destination}: {error.strerror}") from None
 

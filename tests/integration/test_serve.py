@@ -12,13 +12,12 @@ import ipaddress
 import json
 import os
 import re
-import shutil
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,9 +28,11 @@ from typing import Any
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report_formats import REPORT_FILES
 from gpufleet import PROJECT_ROOT
 
 from conftest import AnsibleRunner
+from monitoring_support import dashboard_panels, debian_tool
 from test_drift_support import drift_is_clean
 
 BIN = Path(sys.executable).parent
@@ -45,6 +46,8 @@ SERVE_PLAYBOOKS = [f"{layer}.yml" for layer in SERVE_LAYERS]
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 MAX_EXPOSURE = 3.0
 RESTART_TIMEOUT = 900
+DRIFT_SERVICE = PROJECT_ROOT / "data" / "monitoring" / "systemd" / "gpufleet-drift.service"
+NODE_EXPORTER = "127.0.0.1:19391"
 
 
 @dataclass
@@ -825,47 +828,88 @@ def test_metrics_need_their_own_token(served_lab: ServedLab) -> None:
 
 @pytest.fixture(scope="session")
 def prometheus_binary() -> Path:
-    """Prometheus from Debian's package, unpacked once into the controller cache (not installed)."""
-    root = CACHE / "tools" / "prometheus-deb"
-    binary = root / "usr" / "bin" / "prometheus"
-    if binary.is_file():
-        return binary
-    with tempfile.TemporaryDirectory(prefix="gpufleet-prometheus-") as work:
-        download = subprocess.run(
-            ["apt-get", "download", "prometheus"], cwd=work, capture_output=True, text=True, timeout=600, check=False
-        )
-        assert download.returncode == 0, f"apt-get download prometheus failed: {download.stderr}"
-        package = next(Path(work).glob("prometheus_*.deb"))
-        # A fresh machine has no tools/ yet: unpack beside the target (same file system), then rename.
-        root.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-        subprocess.run(["dpkg-deb", "-x", str(package), str(staging)], check=True)
-        shutil.rmtree(root, ignore_errors=True)
-        staging.rename(root)
-    return binary
+    return debian_tool("prometheus", "prometheus")
+
+
+@dataclass
+class LabPrometheus:
+    url: str
+    textfile_dir: Path
+
+    def query(self, promql: str) -> list[dict]:
+        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)["data"]["result"]
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
+            return json.load(response)["data"]
 
 
 @pytest.fixture
-def prometheus(prometheus_binary: Path, served_lab: ServedLab, tmp_path: Path) -> Iterator[str]:
-    """A real Prometheus on loopback with the scrape configuration playbooks/prometheus.yml writes."""
-    config = tmp_path / "prometheus.yml"
-    run_playbooks(served_lab.inventory, ["prometheus.yml"], "-e", f"prometheus_scrape_config={config}")
-    print(config.read_text())
+def prometheus(prometheus_binary: Path, served_lab: ServedLab, tmp_path: Path) -> Iterator[LabPrometheus]:
+    """A real Prometheus on loopback with the scrape configuration and the alert rules playbooks/prometheus.yml
+    writes, and node_exporter's textfile collector (Debian's prometheus-node-exporter) on a directory for the
+    scheduled drift run's drift.prom, as the controller of data/monitoring/systemd would have them."""
+    scrape_config = tmp_path / "gpufleet-vllm.yml"
+    run_playbooks(
+        served_lab.inventory,
+        ["prometheus.yml"],
+        *("-e", f"prometheus_scrape_config={scrape_config}", "-e", "prometheus_scrape_interval=5s"),
+    )
+    print(scrape_config.read_text())
+    config = yaml.safe_load(scrape_config.read_text())
+    config["global"] = {"scrape_interval": "5s", "evaluation_interval": "5s"}
+    config["rule_files"] = [str(tmp_path / "gpufleet-alerts.yml")]
+    config["scrape_configs"].append({"job_name": "node", "static_configs": [{"targets": [NODE_EXPORTER]}]})
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    textfile_dir = tmp_path / "textfile"
+    textfile_dir.mkdir()
+    log = (tmp_path / "prometheus.log").open("w")
+    node_exporter = subprocess.Popen(
+        [
+            str(debian_tool("prometheus-node-exporter", "prometheus-node-exporter")),
+            "--collector.disable-defaults",
+            "--collector.textfile",
+            f"--collector.textfile.directory={textfile_dir}",
+            f"--web.listen-address={NODE_EXPORTER}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     process = subprocess.Popen(
         [
             str(prometheus_binary),
-            f"--config.file={config}",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp_path / 'data'}",
             "--web.listen-address=127.0.0.1:19390",
         ],
-        stdout=(tmp_path / "prometheus.log").open("w"),
+        stdout=log,
         stderr=subprocess.STDOUT,
     )
     try:
-        yield "http://127.0.0.1:19390"
+        yield LabPrometheus("http://127.0.0.1:19390", textfile_dir)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        for child in (process, node_exporter):
+            child.terminate()
+            child.wait(timeout=30)
+
+
+def scheduled_drift_command(inventory: Path, textfile_dir: Path) -> list[str]:
+    """ExecStart of the controller's drift service, its Environment= values set as an operator sets them and
+    gpufleet where this checkout installs it."""
+    exec_start = re.search(r"^ExecStart=(.*)$", DRIFT_SERVICE.read_text(), re.M)
+    assert exec_start
+    values = {"${GPUFLEET_INVENTORY}": str(inventory), "${GPUFLEET_DRIFT_TEXTFILE_DIR}": str(textfile_dir)}
+    argv = [values.get(word, word) for word in exec_start.group(1).split()]
+    assert argv[0].endswith("/gpufleet") and not any("${" in word for word in argv), argv
+    return [str(BIN / "gpufleet"), *argv[1:]]
+
+
+def scheduled_drift_success() -> set[int]:
+    codes = re.search(r"^SuccessExitStatus=(.*)$", DRIFT_SERVICE.read_text(), re.M)
+    assert codes
+    return {0} | {int(code) for code in codes.group(1).split()}
 
 
 def prometheus_targets(url: str) -> list[dict]:
@@ -876,18 +920,49 @@ def prometheus_targets(url: str) -> list[dict]:
         return []
 
 
-def test_prometheus_scrapes_every_instance_through_the_proxy(served_lab: ServedLab, prometheus: str) -> None:
+def test_prometheus_scrapes_every_instance_through_the_proxy_and_the_dashboard_shows_the_lab(
+    served_lab: ServedLab, prometheus: LabPrometheus
+) -> None:
     expected = {(host, i["name"]) for host in served_lab.addresses for i in INSTANCES}
+    # The controller's scheduled drift run, as its unit runs it (the proxy layer only: the suite's time).
+    drift = subprocess.run(
+        [*scheduled_drift_command(served_lab.inventory, prometheus.textfile_dir), "--layers", "proxy"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert drift.returncode in scheduled_drift_success(), drift.stdout[-3000:] + drift.stderr[-3000:]
+    assert sorted(path.name for path in prometheus.textfile_dir.iterdir()) == sorted(REPORT_FILES.values())
+    for host in sorted(served_lab.addresses):
+        for instance in INSTANCES:
+            completion(served_lab, host, "Tell me about GPUs", path=f"/instances/{instance['name']}/v1/completions")
     deadline = time.monotonic() + 120
     targets: list[dict] = []
     while time.monotonic() < deadline:
-        targets = prometheus_targets(prometheus)
+        targets = [t for t in prometheus_targets(prometheus.url) if t["labels"]["job"] != "node"]
         if len(targets) == len(expected) and all(t["health"] == "up" for t in targets):
             break
         time.sleep(3)
     seen = {(t["labels"]["node"], t["labels"]["vllm_instance"]): (t["health"], t["lastError"]) for t in targets}
     print(f"Prometheus targets: {seen}")
     assert seen == {key: ("up", "") for key in expected}
-    with urllib.request.urlopen(f"{prometheus}/api/v1/query?query=vllm:num_requests_running", timeout=10) as response:
-        series = json.load(response)["data"]["result"]
+    series = prometheus.query("vllm:num_requests_running")
     assert {(s["metric"]["node"], s["metric"]["vllm_instance"]) for s in series} == expected
+
+    # Every panel of the shipped dashboard over the lab's real series: the rates need two scrapes after the
+    # completions and the drift textfile one scrape of node_exporter. dcgm-exporter does not run in the lab.
+    panels = [(title, query) for title, query in dashboard_panels() if "DCGM_FI_" not in query]
+    empty: list[str] = []
+    while time.monotonic() < deadline + 60:
+        empty = [f"{title}: {query}" for title, query in panels if not prometheus.query(query)]
+        if not empty:
+            break
+        time.sleep(5)
+    print(f"dashboard: {len(panels)} queries over the lab's series, {len(dashboard_panels()) - len(panels)} GPU ones")
+    assert empty == [], "dashboard queries with no data on the lab"
+    # The shipped alert rules are loaded, and none fires on a serving, undrifted lab.
+    rules = [rule["name"] for group in prometheus.get("/api/v1/rules")["groups"] for rule in group["rules"]]
+    assert len(rules) >= 12 and "GpufleetInstanceDown" in rules
+    firing = [alert["labels"]["alertname"] for alert in prometheus.get("/api/v1/alerts")["alerts"]]
+    assert firing == []

@@ -307,3 +307,9 @@ def test_the_workers_of_an_instance_on_ray_get_neither_its_key_nor_the_secret_en
         "HF_TOKEN",
         "VLLM_API_KEY",
     ]
+
+
+def test_cuda_numbers_the_gpus_as_nvml_does() -> None:
+    # instance.gpus are NVML's indices; CUDA's default order (fastest first) differs on a node of mixed GPUs.
+    env = instance_env({**INSTANCE, "gpus": [1, 3]}, ["localhost"])
+    assert (env["CUDA_DEVICE_ORDER"], env["CUDA_VISIBLE_DEVICES"]) == ("PCI_BUS_ID", "1,3")

@@ -98,6 +98,7 @@ def test_process_runs_the_declared_options_without_the_key(host, instance: dict)
     assert "--enforce-eager" in argv and not any("API_KEY" in a or "api-key" in a for a in argv)
     environment = host.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout.splitlines()
     assert f"CUDA_VISIBLE_DEVICES={','.join(map(str, instance['gpus']))}" in environment
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in environment
     assert any(line.startswith("VLLM_API_KEY=") and len(line) > 30 for line in environment)
 
 
