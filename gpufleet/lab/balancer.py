@@ -1,7 +1,8 @@
 """The lab's front door: HAProxy (Debian's package) in front of every host's TLS proxy, as a production fleet
 has a load balancer that follows each node's /health. A node that drains (its proxy answers 503) or goes down
-leaves the rotation within a second, and a request it refused or dropped is sent to another node, so clients see
-what a real fleet's clients see during a rolling upgrade (bench/rollout.py sends its requests here).
+leaves the rotation after three failed checks (about three seconds), and meanwhile a request it refused or dropped
+is sent to another node, so clients see what a real fleet's clients see during a rolling upgrade
+(bench/rollout.py sends its requests here).
 
 It listens on plain HTTP on the first host's gateway address (the controller's side of the lab link: each lab's
 own, no other machine reaches it) and speaks TLS to the hosts without checking their certificates: the lab's CA is
@@ -55,8 +56,11 @@ def url(address: str) -> str:
 
 
 def render(address: str, backends: Sequence[Backend]) -> str:
-    """haproxy.cfg: health checks of GET /health every second (out after one failure, back after two passes), a
-    request that got 503 or no answer retried on another node, the request body buffered so it can be."""
+    """haproxy.cfg: health checks of GET /health every second (out after three failures, back after two passes:
+    HAProxy's own defaults; a check waits up to 3 s), a request that got 503 or no answer retried on another node,
+    the request body buffered so it can be. Out after one failure and a check timing out with the interval, one
+    slow /health of the serving node (its host busy with the other's upgrade) took both out at once: clients got
+    HAProxy's own 503 (bench/rollout.py on two lab hosts)."""
     servers = "\n".join(
         f"    server {backend.name} {backend.address}:443 check ssl verify none" for backend in backends
     )
@@ -72,6 +76,7 @@ defaults
     timeout connect 3s
     timeout client 120s
     timeout server 120s
+    timeout check 3s
     retries 2
     option redispatch 1
     retry-on conn-failure empty-response response-timeout 503
@@ -85,7 +90,7 @@ backend nodes
     balance roundrobin
     option httpchk GET /health
     http-check expect status 200
-    default-server inter 1s fall 1 rise 2
+    default-server inter 1s fall 3 rise 2
 {servers}
 """
 

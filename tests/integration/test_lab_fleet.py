@@ -227,7 +227,7 @@ def test_the_balancer_takes_a_drained_host_out_and_clients_see_no_failure(
     ansible(drained, "ansible.builtin.file", "path=/etc/gpufleet state=directory mode=0755")
     ansible(drained, "ansible.builtin.copy", f"content='{drain}' dest=/etc/gpufleet/drain mode=0644")
     try:
-        time.sleep(3)  # one failed check (inter 1s, fall 1) takes it out
+        time.sleep(5)  # three failed checks (inter 1s, fall 3) take it out
         offset = log.stat().st_size
         assert [complete() for _ in range(6)] == [200] * 6
         # HAProxy writes a request's log line once the stream ends, a moment after the client has its answer: the
