@@ -893,6 +893,7 @@ def prometheus(prometheus_binary: Path, served_lab: ServedLab, tmp_path: Path) -
         for child in (process, node_exporter):
             child.terminate()
             child.wait(timeout=30)
+        log.close()
 
 
 def scheduled_drift_command(inventory: Path, textfile_dir: Path) -> list[str]:
@@ -936,7 +937,8 @@ def test_prometheus_scrapes_every_instance_through_the_proxy_and_the_dashboard_s
     assert sorted(path.name for path in prometheus.textfile_dir.iterdir()) == sorted(REPORT_FILES.values())
     for host in sorted(served_lab.addresses):
         for instance in INSTANCES:
-            completion(served_lab, host, "Tell me about GPUs", path=f"/instances/{instance['name']}/v1/completions")
+            path = f"/instances/{instance['name']}/v1/completions"
+            completion(served_lab, host, "Tell me about GPUs", path=path, model=instance["served_model_name"])
     deadline = time.monotonic() + 120
     targets: list[dict] = []
     while time.monotonic() < deadline:
