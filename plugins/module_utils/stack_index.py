@@ -32,7 +32,11 @@ class KbIndex(object):
         for row in kb.get("vllm_companions", []):
             if row["pin"]:
                 self.companions.setdefault((row["distribution"], row["vllm_version"]), []).append(row)
-        self.components = dict((row["component_version"], row) for row in kb.get("cuda_components", []))
+        # A component version can ship in more than one release (cudart 13.0.96 in 13.0.2 and 13.0.3) and be the
+        # version of more than one component (cudart and nvcc 12.1.105): every row is kept, oldest release first.
+        self.components: dict[str, list[dict]] = {}
+        for row in sorted(kb.get("cuda_components", []), key=lambda row: version_key(row["cuda_version"])):
+            self.components.setdefault(row["component_version"], []).append(row)
         self.gpus = kb.get("gpus", [])
 
     def rule(self, report: Report, name: str) -> None:
@@ -47,6 +51,36 @@ class KbIndex(object):
         return sorted(
             (row for row in self.cuda if major_minor(row["cuda_version"]) == version),
             key=lambda row: version_key(row["cuda_version"]),
+        )
+
+    def component_releases(self, version: str) -> list:
+        """The toolkit releases (cuda_driver.csv version strings, oldest first) that ship a component version."""
+        releases: list[str] = []
+        for row in self.components.get(version, []):
+            if row["cuda_version"] not in releases:
+                releases.append(row["cuda_version"])
+        return releases
+
+    def name_component(self, version: str) -> str:
+        """What a component version is, with the toolkit release and runfile of each release that ships it:
+        'CUDA Runtime (cudart) inside CUDA 12.1 Update 1 (toolkit 12.1.1, runfile cuda_12.1.1_530.30.02_linux.run)
+        and of CUDA NVCC inside CUDA 12.1 Update 1 (...)'; '' when cuda_components.csv does not know it."""
+        by_component: dict[str, list[str]] = {}
+        for row in self.components.get(version, []):
+            by_component.setdefault(row["component"], []).append(self._release_text(row))
+        return " and of ".join(
+            "%s inside %s" % (component, ", ".join(releases)) for component, releases in by_component.items()
+        )
+
+    def _release_text(self, row: dict) -> str:
+        """'CUDA 12.1 Update 1 (toolkit 12.1.1, runfile cuda_12.1.1_530.30.02_linux.run)'; the runfile only where
+        cuda_driver.csv names one."""
+        rows = self.cuda_rows(row["cuda_version"])
+        runfile = rows[0].get("runfile", "") if rows else ""
+        return "%s (toolkit %s%s)" % (
+            row["cuda_release"],
+            row["cuda_version"],
+            ", runfile %s" % runfile if runfile else "",
         )
 
     def resolve_gpu(self, name: str):

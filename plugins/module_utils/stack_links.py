@@ -22,6 +22,14 @@ def driver_runs_cuda(
 ) -> None:
     """Check that `driver` runs CUDA `cuda` (toolkit, torch wheel or vLLM wheel): error, warning or fine."""
     rows = index.cuda_rows(cuda)
+    named = "" if rows else index.name_component(cuda)
+    if named:
+        report.error(
+            link,
+            "%s needs CUDA %s, which is not a toolkit release: %s is the version of %s — name the toolkit release"
+            % (what, cuda, cuda, named),
+        )
+        return
     if not rows:
         report.error(
             link,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_index import KbIndex
+
 MIRROR_DIRS = {
     "runfile": "nvidia",
     "fabric_manager": "nvidia",
@@ -121,6 +123,12 @@ def toolkit_row(kb: dict, cuda: str) -> dict:
             key=lambda row: _numeric_key(row["cuda_version"]),
         )[-1:]
     if not exact:
+        named = KbIndex(kb).name_component(cuda)
+        if named:
+            raise ArtifactError(
+                "CUDA %s is not a toolkit release: %s is the version of %s — declare the toolkit release instead"
+                % (cuda, cuda, named)
+            )
         known = sorted(
             (row["cuda_version"] for row in rows if _major_minor(row["cuda_version"]) == _major_minor(cuda)),
             key=_numeric_key,

@@ -328,35 +328,28 @@ def _check_toolkit(index: KbIndex, report: Report, stack: dict, gpus: list) -> N
 def _unknown_toolkit(index: KbIndex, report: Report, cuda: str) -> None:
     """A toolkit not in cuda_driver.csv; when it is the version of a component (cudart 12.1.105), name the
     toolkit release that ships it: installers and /usr/local/cuda-X.Y/version.json use the release number."""
-    component = index.components.get(cuda)
-    if component is None:
+    components = index.components.get(cuda, [])
+    if not components:
         report.error(
             "cuda",
             "CUDA toolkit %s is not in the knowledge base (data/compat/cuda_driver.csv) — use a "
             "listed release or add its sourced row" % cuda,
         )
         return
-    report.fact(
-        "cuda-component:" + cuda,
-        "%s %s ships in CUDA %s (%s)"
-        % (component["component"], cuda, component["cuda_version"], component["cuda_release"]),
-        component["source"],
-    )
-    rows = index.cuda_rows(component["cuda_version"])
-    runfile = rows[0]["runfile"] if rows and rows[0].get("runfile") else ""
+    for component in components:
+        report.fact(
+            "cuda-component:%s:%s:%s" % (cuda, component["component"], component["cuda_version"]),
+            "%s %s ships in CUDA %s (%s)"
+            % (component["component"], cuda, component["cuda_version"], component["cuda_release"]),
+            component["source"],
+        )
+    releases = index.component_releases(cuda)
+    # Suggest the releases cuda_driver.csv lists (a stack can declare only those), else every release named.
+    settable = [release for release in releases if index.cuda_rows(release)] or releases
     report.error(
         "cuda",
-        "CUDA %s is not a toolkit release: %s is the version of %s inside %s (toolkit %s%s) — "
-        'set cuda: "%s"'
-        % (
-            cuda,
-            cuda,
-            component["component"],
-            component["cuda_release"],
-            component["cuda_version"],
-            ", runfile %s" % runfile if runfile else "",
-            component["cuda_version"],
-        ),
+        "CUDA %s is not a toolkit release: %s is the version of %s — set cuda: %s"
+        % (cuda, cuda, index.name_component(cuda), " or ".join('"%s"' % release for release in settable)),
     )
 
 
