@@ -7,7 +7,7 @@ Standard library only, Python 3.8+.
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import gpu_coverage
+from ansible_collections.gpufleet.fleet.plugins.module_utils.cuda_arch import ArchError, gpu_coverage, parse_arch
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_index import KbIndex
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_report import Report
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_versions import (
@@ -95,8 +95,38 @@ def driver_runs_cuda(
     )
 
 
+def cuda_dropped_gpu(report: Report, gpu: dict, cuda: str, what: str) -> bool:
+    """A CUDA major after the last one that supports the GPU's arch (CUDA 13 for Maxwell, Pascal and Volta): an
+    error naming that major; True when it was reported."""
+    last = gpu["cc_row"].get("last_cuda_major", "")
+    major = str(cuda).split(".")[0]
+    if not last or not major.isdigit() or int(major) <= int(last):
+        return False
+    report.error(
+        "gpu -> cuda",
+        "%s (sm_%s, %s) is not supported by CUDA %s: CUDA %s dropped compute capability %s, whose last CUDA is "
+        "CUDA %s.x; %s uses CUDA %s — use a build of CUDA %s.x or older for this GPU"
+        % (
+            gpu["label"],
+            gpu["cc"].replace(".", ""),
+            gpu["cc_row"]["architecture"],
+            major,
+            major,
+            gpu["cc"],
+            last,
+            what,
+            cuda,
+            last,
+        ),
+    )
+    return True
+
+
 def check_cuda_covers_gpu(report: Report, gpu: dict, cuda: str, what: str, fix: str) -> None:
-    """The CUDA a toolkit compiles with must be new enough to target the GPU's arch."""
+    """The CUDA a toolkit compiles with must be new enough to target the GPU's arch, and not of a major that
+    dropped it."""
+    if cuda_dropped_gpu(report, gpu, cuda, what):
+        return
     need = gpu["cc_row"]["min_cuda"]
     if version_key(cuda) < version_key(need):
         report.error(
@@ -108,7 +138,10 @@ def check_cuda_covers_gpu(report: Report, gpu: dict, cuda: str, what: str, fix: 
 
 def check_binary_covers_gpu(index: KbIndex, report: Report, gpu: dict, cuda: str, what: str, fix: str) -> None:
     """A prebuilt binary (torch, vLLM) runs on the GPU when its CUDA could compile for the GPU's arch or for an
-    older arch of the same major (cubins run on a higher minor: sm_100 code on a 10.3 B300)."""
+    older arch of the same major (cubins run on a higher minor: sm_100 code on a 10.3 B300), and its CUDA major has not
+    dropped that arch."""
+    if cuda_dropped_gpu(report, gpu, cuda, what):
+        return
     native = gpu["cc_row"]["min_cuda"]
     if version_key(cuda) >= version_key(native):
         return
@@ -146,10 +179,25 @@ def report_arch_coverage(index: KbIndex, report: Report, link: str, what: str, a
         return
     report.error(
         link,
-        '%s is not compiled for %s (arch list: %s): "no kernel image is available for execution '
+        '%s is not compiled for %s (arch list: %s%s): "no kernel image is available for execution '
         'on the device" — choose a build whose arch list includes sm_%s'
-        % (what, label, " ".join(arch_list), gpu["cc"].replace(".", "")),
+        % (what, label, " ".join(arch_list), _starts_above(arch_list, gpu["cc"]), gpu["cc"].replace(".", "")),
     )
+
+
+def _starts_above(arch_list: list, cc: str) -> str:
+    """'; it starts at sm_75, above sm_60' when every entry of the arch list is newer than the GPU, else ''."""
+    lowest = None
+    for entry in arch_list:
+        try:
+            code = parse_arch(entry)[1]
+        except ArchError:
+            return ""
+        if lowest is None or code < lowest[1]:
+            lowest = (entry, code)
+    if lowest is None or lowest[1] <= cc_tuple(cc):
+        return ""
+    return "; it starts at %s, above sm_%s" % (lowest[0], cc.replace(".", ""))
 
 
 def arch_coverage(arch_list: list, cc: str) -> str:

@@ -66,7 +66,15 @@ def _check_gpus(index: KbIndex, report: Report, stack: dict) -> list:
     seen = set()
     for entry in stack["gpu"]:
         gpu = index.resolve_gpu(entry)
-        if gpu is None or gpu["cc_row"] is None:
+        if gpu is not None and gpu["cc_row"] is None:
+            report.error(
+                "gpu",
+                "GPU %r is %s, compute capability %s (data/compat/gpus.csv), but compute_capabilities.csv has no "
+                "sourced row for %s (its first CUDA is not sourced), so the chain cannot be checked — add a sourced "
+                "row to data/compat/compute_capabilities.csv" % (entry, gpu["label"], gpu["cc"], gpu["cc"]),
+            )
+            continue
+        if gpu is None:
             report.error(
                 "gpu",
                 "GPU %r is not in the knowledge base (data/compat/gpus.csv, compute_capabilities.csv) "

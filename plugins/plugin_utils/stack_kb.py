@@ -169,7 +169,10 @@ def host_check_subset(kb: dict) -> dict:
             for row in kb["gpus"]
         ],
         "compute_capabilities": [
-            {key: row[key] for key in ("compute_capability", "sm", "architecture", "min_cuda", "source")}
+            {
+                key: row.get(key, "")
+                for key in ("compute_capability", "sm", "architecture", "min_cuda", "last_cuda_major", "source")
+            }
             for row in kb["compute_capabilities"]
         ],
         "rules": kb["rules"],
