@@ -99,7 +99,7 @@ def cuda_dropped_gpu(report: Report, gpu: dict, cuda: str, what: str) -> bool:
     """A CUDA major after the last one that supports the GPU's arch (CUDA 13 for Maxwell, Pascal and Volta): an
     error naming that major; True when it was reported."""
     last = gpu["cc_row"].get("last_cuda_major", "")
-    major = str(cuda).split(".")[0]
+    major = str(cuda).split(".", maxsplit=1)[0]
     if not last or not major.isdigit() or int(major) <= int(last):
         return False
     report.error(
