@@ -25,6 +25,8 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_spec
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_index import KbIndex
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_declared
 
+from test_stack_chain import stack
+
 KB = compat.load_knowledge_base()
 KB_DIR = PROJECT_ROOT / "data" / "compat"
 
@@ -52,20 +54,6 @@ EARLIER_GPUS = [
     "NVIDIA RTX PRO 6000 Blackwell",
     "NVIDIA H20",
 ]
-
-
-def stack(**overrides):
-    base = {
-        "gpu": ["NVIDIA H200"],
-        "driver": "580.159.04",
-        "cuda": "13.0",
-        "python": "3.12",
-        "torch": "2.11.0",
-        "torch_variant": "cu130",
-        "vllm": None,
-    }
-    base.update(overrides)
-    return base
 
 
 # torch 2.5.1+cu124 (arch list sm_50 ... sm_90) with the CUDA 12.4 toolkit and its driver.
