@@ -20,6 +20,7 @@ from gpufleet.runner import first_error, run_playbook
 
 SCHEMA = "gpufleet.fleet-plan/v1"
 VALIDATE_TASK = "Validate gpufleet_stack"
+CAPACITY_TASK = "Predict each instance's KV cache"
 
 
 @dataclass
@@ -28,6 +29,7 @@ class HostPlan:
     ok: bool
     message: str
     result: dict[str, Any]
+    capacity: list[dict[str, Any]] = field(default_factory=list)  # one verdict per instance (capacity_check)
 
 
 @dataclass
@@ -42,15 +44,27 @@ class StackClass:
 
 
 def collect(events: list[dict[str, Any]]) -> list[HostPlan]:
-    """The stack_validate result of each host, from the preflight run's events."""
+    """The stack_validate and capacity_check results of each host, from the preflight run's events."""
     plans: dict[str, HostPlan] = {}
+    capacity: dict[str, list[dict[str, Any]]] = {}
     for event in events:
         kind = event.get("event")
         data = event.get("event_data") or {}
-        if kind in ("runner_on_ok", "runner_on_failed") and str(data.get("task", "")).startswith(VALIDATE_TASK):
-            result = data.get("res") or {}
+        if kind not in ("runner_on_ok", "runner_on_failed"):
+            continue
+        task, result = str(data.get("task", "")), data.get("res") or {}
+        if task.startswith(VALIDATE_TASK):
             plans[data["host"]] = HostPlan(data["host"], kind == "runner_on_ok", str(result.get("msg", "")), result)
+        elif task.startswith(CAPACITY_TASK):
+            capacity[data["host"]] = list(result.get("capacity") or [])
+    for host, verdicts in capacity.items():
+        if host in plans:
+            plans[host].capacity = verdicts
     return [plans[host] for host in sorted(plans)]
+
+
+def capacity_failures(plan: HostPlan) -> list[dict[str, Any]]:
+    return [verdict for verdict in plan.capacity if verdict["status"] in ("does_not_fit", "refused")]
 
 
 def without_urls(value: Any) -> Any:
@@ -108,11 +122,23 @@ def plan_inventory(inventory: Path, limit: str | None = None, envvars: dict[str,
     return plans
 
 
+def capacity_groups(plans: list[HostPlan]) -> list[dict[str, Any]]:
+    """Hosts whose instances get the same verdicts, with those verdicts (one group per distinct declaration)."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for plan in plans:
+        if not plan.capacity:
+            continue
+        key = json.dumps(plan.capacity, sort_keys=True)
+        grouped.setdefault(key, {"hosts": [], "instances": plan.capacity})["hosts"].append(plan.host)
+    return list(grouped.values())
+
+
 def document(inventory: Path, plans: list[HostPlan]) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "inventory": str(inventory),
-        "compatible": all(plan.ok for plan in plans),
+        "compatible": all(plan.ok and not capacity_failures(plan) for plan in plans),
+        "capacity": capacity_groups(plans),
         "classes": [
             {
                 "hosts": item.hosts,
@@ -133,6 +159,11 @@ def document(inventory: Path, plans: list[HostPlan]) -> dict[str, Any]:
             for plan in plans
             if not plan.ok
         ],
+        "capacity_failed": [
+            {"host": plan.host, "instance": verdict["instance"], "message": verdict["message"]}
+            for plan in plans
+            for verdict in capacity_failures(plan)
+        ],
     }
 
 
@@ -141,6 +172,7 @@ def render(plan: dict[str, Any]) -> str:
         f"inventory {plan['inventory']}: "
         + ("COMPATIBLE" if plan["compatible"] else "NOT COMPATIBLE")
         + f", {len(plan['classes'])} GPU class(es), {len(plan['failed'])} host(s) failing"
+        + (f", {len(plan['capacity_failed'])} instance(s) that cannot start" if plan["capacity_failed"] else "")
     ]
     for number, item in enumerate(plan["classes"], start=1):
         lines.append("")
@@ -152,6 +184,15 @@ def render(plan: dict[str, Any]) -> str:
             lines.append(f"             {artifact['url']}")
             lines.append(f"             sha256 {artifact['sha256']}  ({artifact['sha256_source']})")
         lines.extend(f"  warning: {warning}" for warning in item["warnings"])
+    for group in plan["capacity"]:
+        lines.append("")
+        lines.append(f"capacity, {len(group['hosts'])} host(s): {', '.join(group['hosts'])}")
+        for verdict in group["instances"]:
+            mark = {"fits": "fits", "does_not_fit": "DOES NOT FIT", "refused": "REFUSED"}.get(
+                verdict["status"], "not checked"
+            )
+            lines.append(f"  {verdict['instance']} ({verdict['model']}): {mark}")
+            lines.append(f"    {verdict['message']}")
     for failed in plan["failed"]:
         lines.append("")
         lines.append(f"host {failed['host']}: {failed['message']}")

@@ -536,8 +536,20 @@ def _weights_of_dir(path: str) -> tuple[Weights, list[str]]:
     return weights_from_headers(headers, f"safetensors headers ({len(files)} files)"), names
 
 
-def read_model_dir(path: str) -> ModelShape:
-    """The ModelShape of a staged model directory: config.json plus the index or the safetensors headers."""
+def merged(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """config.json with overrides merged in, recursively (model_store's combine(recursive=True))."""
+    result = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def read_model_dir(path: str, config_overrides: Mapping[str, Any] | None = None) -> ModelShape:
+    """The ModelShape of a model directory (staged, or the small files of its repository): config.json, with the
+    overrides model_store merges into it, plus the index or the safetensors headers."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise ShapeError(f"unknown shape: {path} has no config.json")
@@ -545,4 +557,4 @@ def read_model_dir(path: str) -> ModelShape:
     if not isinstance(config, Mapping):
         raise ShapeError(f"unknown shape: {config_path} is not a JSON object")
     weights, names = _weights_of_dir(path)
-    return shape_from_config(config, weights, names)
+    return shape_from_config(merged(config, config_overrides or {}), weights, names)
