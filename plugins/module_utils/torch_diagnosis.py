@@ -102,12 +102,26 @@ FLASH_ATTN_UNAVAILABLE = Signature(
     "flash-attn missing or mismatched",
     "rebuild flash-attn",
 )
+# The memory signatures point at the capacity planner, which sizes each instance before any host is touched.
+PLANNER_FIX = "`gpufleet plan -i INVENTORY --limit HOST` shows the instance's predicted memory and the smallest fix"
 CUDA_OUT_OF_MEMORY = Signature(
     "cuda_out_of_memory",
     "CUDA out of memory at start",
     (r"CUDA out of memory", r"CUDA error: out of memory"),
     "--gpu-memory-utilization or --max-model-len too high",
-    "lower them",
+    "lower them: " + PLANNER_FIX,
+)
+# vLLM's _check_enough_kv_cache_memory (vllm/v1/core/kv_cache_utils.py): the weights and overheads leave no room
+# for the KV cache, or less than one request at max_model_len needs.
+KV_CACHE_TOO_SMALL = Signature(
+    "kv_cache_too_small",
+    "max seq len is larger than the maximum number of tokens that can be stored in KV cache",
+    (
+        r"larger than the maximum number of tokens that can be stored in KV cache",
+        r"No available memory for the cache blocks",
+    ),
+    "the model and max_model_len do not fit the GPUs at this tensor_parallel_size",
+    "lower max_model_len or raise tensor_parallel_size or gpu_memory_utilization: " + PLANNER_FIX,
 )
 
 SIGNATURES = (
@@ -120,6 +134,7 @@ SIGNATURES = (
     UNDEFINED_SYMBOL,
     FLASH_ATTN_UNAVAILABLE,
     CUDA_OUT_OF_MEMORY,
+    KV_CACHE_TOO_SMALL,
 )
 
 UNCLASSIFIED_CAUSE = "not in the signature table"

@@ -52,6 +52,58 @@ def test_the_example_inventory_plans_two_gpu_classes() -> None:
     assert "https://mirror.example.internal/gpufleet/sdists/flash_attn-2.8.3.tar.gz" in out
 
 
+def test_the_example_plan_shows_each_instance_s_capacity() -> None:
+    """Issue 34: every instance sized against its GPUs from its model's shape, before any host is touched."""
+    result = plan("-i", str(EXAMPLE), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    groups = {tuple(group["hosts"]): group["instances"] for group in json.loads(result.stdout)["capacity"]}
+    h100 = groups[tuple(f"h100-0{n}.infer.example.internal" for n in range(1, 5))]
+    h200 = groups[("h200-01.infer.example.internal", "h200-02.infer.example.internal")]
+    assert [(item["instance"], item["status"]) for item in h100] == [("main", "fits")]
+    assert [(item["instance"], item["status"]) for item in h200] == [("main", "fits"), ("small", "fits")]
+    # Qwen2.5-72B's 145,412,407,296 bytes of bf16 weights over 8 GPUs; 8 KV heads x 128 x 2 (K and V) x 2 bytes x
+    # 80 layers = 327,680 bytes of KV cache per token, 40,960 per GPU at TP 8.
+    figures = h100[0]["figures"]
+    assert figures["weights_bytes_per_gpu"] == 145_412_407_296 // 8
+    assert figures["kv_bytes_per_token"] == {"full_attention": 40_960}
+    assert figures["gpu"] == "H100 SXM5 80GB HBM3" and figures["max_model_len"] == 32_768
+    assert figures["kv_cache_tokens"] > 32_768 and figures["max_concurrency"] > 1
+
+
+def test_a_72b_model_at_tensor_parallel_1_on_an_80gb_gpu_is_refused_with_the_fix(tmp_path: Path) -> None:
+    inventory = tmp_path / "example"
+    shutil.copytree(EXAMPLE, inventory)
+    shutil.copytree(PROJECT_ROOT / "inventories" / "example-models", tmp_path / "example-models")
+    h100 = inventory / "group_vars" / "h100.yml"
+    declared = h100.read_text()
+    assert "gpus: [0, 1, 2, 3, 4, 5, 6, 7], tensor_parallel_size: 8" in declared
+    h100.write_text(declared.replace("gpus: [0, 1, 2, 3, 4, 5, 6, 7], tensor_parallel_size: 8", "gpus: [0]"))
+    result = plan("-i", str(inventory), "--limit", "h100")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "NOT COMPATIBLE, 1 GPU class(es), 0 host(s) failing, 4 instance(s) that cannot start" in result.stdout
+    assert "main (/var/lib/gpufleet/models/qwen2.5-72b): DOES NOT FIT" in result.stdout
+    assert "weights 135.43 GiB" in result.stdout and "exceed the 71.28 GiB vLLM may use" in result.stdout
+    assert "fix: tensor_parallel_size 4 over 4 GPUs (gpus lists 1)" in result.stdout
+
+
+def test_an_instance_whose_model_has_no_shape_is_refused_unless_it_opts_out(tmp_path: Path) -> None:
+    inventory = tmp_path / "example"
+    shutil.copytree(EXAMPLE, inventory)
+    shutil.copytree(PROJECT_ROOT / "inventories" / "example-models", tmp_path / "example-models")
+    main = inventory / "group_vars" / "all" / "main.yml"
+    main.write_text(main.read_text().replace('shape: "{{ inventory_dir }}/../example-models/qwen2.5-7b"', ""))
+    refused = plan("-i", str(inventory), "--limit", "h200")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "small (/var/lib/gpufleet/models/qwen2.5-7b): REFUSED" in refused.stdout
+    assert "give its model_store_models entry `shape:`" in refused.stdout and "capacity_check: false" in refused.stdout
+    h200 = inventory / "group_vars" / "h200.yml"
+    h200.write_text(h200.read_text().replace("gpus: [4]}", "gpus: [4], capacity_check: false}"))
+    opted_out = plan("-i", str(inventory), "--limit", "h200")
+    assert opted_out.returncode == 0, opted_out.stdout + opted_out.stderr
+    assert "small (/var/lib/gpufleet/models/qwen2.5-7b): not checked" in opted_out.stdout
+    assert "not checked: capacity_check is false for this instance" in opted_out.stdout
+
+
 def test_the_example_plan_as_json_and_limited() -> None:
     result = plan("-i", str(EXAMPLE), "--limit", "h200", "--json")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -90,6 +90,13 @@ REAL_TEXTS = [
         "44.53 GiB of which 187.94 MiB is free. Process 3909982 has 44.34 GiB memory in use.",
         "cuda_out_of_memory",
     ),
+    # QwenLM/Qwen3#295 (vLLM refusing Qwen1.5-7B-Chat's 32768-token max_model_len)
+    (
+        "ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be stored in "
+        "KV cache (7344). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+        "engine.",
+        "kv_cache_too_small",
+    ),
     # mozilla/translations#1167
     ("[nvidia-smi(stdout)] Failed to initialize NVML: Driver/library version mismatch", "driver_library_mismatch"),
 ]
