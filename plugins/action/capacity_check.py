@@ -20,6 +20,8 @@ ARGUMENT_SPEC = {
     "models": {"type": "list", "elements": "dict", "default": []},
     "stack": {"type": "dict"},
     "kb_dir": {"type": "path"},
+    "logged": {"type": "dict"},
+    "tolerance": {"type": "float", "default": 0.05},
 }
 
 
@@ -76,9 +78,25 @@ class ActionModule(ActionBase):
             gpu_problem,
         )
         result["capacity"] = [check.as_dict() for check in checks]
+        if args.get("logged") is not None:
+            # After a start: compare with what vLLM logged, and warn; the verdicts were preflight's to enforce.
+            logged = plain(args["logged"])
+            compared = [
+                instance_capacity.compare_with_log(check, logged[check.instance], args["tolerance"])
+                for check in checks
+                if check.instance in logged
+            ]
+            result["compared"] = compared
+            result["warnings"] = [item["warning"] for item in compared if item["warning"]]
+            return result
         result["gpus"] = [
-            {"gpu": "%s %s" % (gpu.match, gpu.variant), "cuda_total_bytes": gpu.cuda_total_bytes,
-             "assumed": gpu.assumed, "status": gpu.status, "source": gpu.source}
+            {
+                "gpu": "%s %s" % (gpu.match, gpu.variant),
+                "cuda_total_bytes": gpu.cuda_total_bytes,
+                "assumed": gpu.assumed,
+                "status": gpu.status,
+                "source": gpu.source,
+            }
             for gpu in gpus
         ]
         failing = [check for check in checks if check.status in ("does_not_fit", "refused")]

@@ -43,6 +43,16 @@ options:
   stack:
     description: The GPU stack whose GPUs the instances run on. Defaults to the inventory variable C(gpufleet_stack).
     type: dict
+  logged:
+    description:
+      - After instances started, what each logged (instance name -> its journal's KV-cache lines). The predictions
+        are then compared with vLLM's own figures and a warning names each that differs by more than O(tolerance);
+        nothing fails.
+    type: dict
+  tolerance:
+    description: With O(logged), the largest difference from vLLM's KV-cache tokens that is not warned about.
+    type: float
+    default: 0.05
   kb_dir:
     description:
       - Directory of the knowledge base. Defaults to C($GPUFLEET_COMPAT_DIR), else C(data/compat) beside
@@ -99,6 +109,11 @@ capacity:
       description: Each single change that makes the instance fit (setting, value, text), the smallest first.
       type: list
       elements: dict
+compared:
+  description: With O(logged), per instance the predicted and the logged KV-cache tokens and the warning, if any.
+  returned: when logged is given
+  type: list
+  elements: dict
 gpus:
   description: The memory the planner used for each GPU of the stack, with the variant and its source.
   returned: always

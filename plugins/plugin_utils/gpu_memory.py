@@ -48,12 +48,6 @@ def _tokens(text: str) -> set[str]:
     return set(re.sub(r"[^A-Z0-9]+", " ", text.upper()).split())
 
 
-def _variant_named(declared: str, variant: str) -> bool:
-    """Every word of the variant that tells it apart ("NVL", "80GB", "PCIe") appears in the declaration."""
-    words = _tokens(variant)
-    return bool(words) and words <= _tokens(declared)
-
-
 def memory_of(rows: list[dict[str, str]], match: str, declared: str) -> GpuMemory:
     """The memory of the GPU gpus.csv calls `match`, declared as `declared` ("H100", "NVIDIA H100 NVL", "A100
     40GB"): the row whose variant the declaration names, else the match's first row (its default)."""
@@ -63,12 +57,16 @@ def memory_of(rows: list[dict[str, str]], match: str, declared: str) -> GpuMemor
             f"GPU {declared!r} has no memory figure in the knowledge base: add a sourced row for match {match!r} to "
             f"data/compat/{FILENAME}, or opt the instance out with capacity_check: false"
         )
-    named = [row for row in candidates if _variant_named(declared, row["variant"])]
-    # The most specific variant the declaration names ("H100 NVL 94GB" names both "NVL" and "94GB").
-    named.sort(key=lambda row: len(_tokens(row["variant"])), reverse=True)
-    row = named[0] if named else candidates[0]
+    # The row whose variant the declaration names most of ("H100 NVL" names NVL, "H100 80GB HBM3" SXM5's 80GB and
+    # HBM3); none, or a tie, takes the first of them and says the variant was assumed.
+    wanted = _tokens(declared)
+    scores = [len(_tokens(row["variant"]) & wanted) for row in candidates]
+    best = max(scores)
+    tied = [row for row, score in zip(candidates, scores, strict=True) if score == best]
+    row = tied[0]
+    assumed = best == 0 or len(tied) > 1
     try:
         total = int(row["cuda_total_bytes"])
     except ValueError as error:
         raise GpuMemoryError(f"data/compat/{FILENAME}: {match} {row['variant']} has no cuda_total_bytes") from error
-    return GpuMemory(match, row["variant"], total, row["status"], row["source"], assumed=not named)
+    return GpuMemory(match, row["variant"], total, row["status"], row["source"], assumed)

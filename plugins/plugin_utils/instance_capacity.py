@@ -114,15 +114,18 @@ def model_entry(instance_model: str, models: Sequence[Mapping[str, Any]]) -> Map
 
 
 def shape_of(instance: Mapping[str, Any], models: Sequence[Mapping[str, Any]]) -> ModelShape:
-    entry = model_entry(str(instance.get("model", "")), models)
+    model = str(instance.get("model", ""))
+    entry = model_entry(model, models)
     if entry is None or not entry.get("shape"):
-        what = (
-            f"no model_store_models entry named {os.path.basename(str(instance.get('model', '')))!r} has a shape"
-            if entry is None or str(instance.get("model", "")).startswith("/")
-            else "it is not a model staged by model_store"
-        )
+        name = os.path.basename(model.rstrip("/"))
+        if not model.startswith("/"):
+            what = "not a model staged by model_store (the planner reads no hub)"
+        elif entry is None:
+            what = f"no model_store_models entry is named {name!r}"
+        else:
+            what = f"the model_store_models entry {name!r} has no shape"
         raise InstanceError(
-            f"{instance.get('model')}: {what}: give its model_store_models entry `shape:` (a controller directory "
+            f"{model}: {what}: serve it from a model_store_models entry with `shape:` (a controller directory "
             "holding the model's config.json and model.safetensors.index.json), or opt the instance out with "
             "capacity_check: false"
         )
@@ -161,9 +164,10 @@ def check_gpu_instance(
     settings = settings_of(instance, gpu, vllm_version)
     auto_length = settings.max_model_len is None and instance.get("max_model_len") not in (None, "")
     verdict = capacity.fits(shape, settings)
-    if not verdict.fits and auto_length and verdict.fix is not None and verdict.fix.setting == "max_model_len":
+    largest = next((fix for fix in verdict.fixes if fix.setting == "max_model_len"), None)
+    if not verdict.fits and auto_length and largest is not None:
         # max_model_len auto: vLLM takes the largest that fits; plan with it.
-        settings = dataclasses.replace(settings, max_model_len=int(verdict.fix.value))
+        settings = dataclasses.replace(settings, max_model_len=int(largest.value))
         verdict = capacity.fits(shape, settings)
     figures = _figures(verdict.prediction, gpu)
     where = (
@@ -172,9 +176,13 @@ def check_gpu_instance(
     )
     if verdict.fits:
         return InstanceCapacity(name, model, "fits", f"{where}: {verdict.message()}", figures)
-    fixes = tuple({"setting": fix.setting, "value": fix.value, "text": _fix_text(fix, instance)} for fix in verdict.fixes)
-    text = f"does not fit: {verdict.problem}"
-    text += "; fix: " + ", or ".join(fix["text"] for fix in fixes) if fixes else "; no single change fixes it"
+    texts = [_fix_text(fix, instance) for fix in verdict.fixes]
+    fixes = tuple(
+        {"setting": fix.setting, "value": fix.value, "text": text}
+        for fix, text in zip(verdict.fixes, texts, strict=True)
+    )
+    remedy = "fix: " + ", or ".join(texts) if texts else "no single change fixes it"
+    text = f"does not fit: {verdict.problem}; {remedy}"
     return InstanceCapacity(name, model, "does_not_fit", f"{where}: {text}", figures, fixes)
 
 
@@ -195,9 +203,14 @@ def check_cpu_instance(instance: Mapping[str, Any], shape: ModelShape) -> Instan
         tensor_parallel_size=int(instance.get("tensor_parallel_size") or 1),
         pipeline_parallel_size=int(instance.get("pipeline_parallel_size") or 1),
     )
-    figures = {"kv_cache_bytes": kv.available_bytes, "kv_cache_tokens": kv.tokens, "max_model_len": kv.max_model_len,
-               "max_concurrency": round(kv.max_concurrency, 2)}
-    tokens, concurrency = kv.log_lines()
+    figures = {
+        "kv_cache_bytes": kv.available_bytes,
+        "kv_cache_tokens": kv.tokens,
+        "max_model_len": kv.max_model_len,
+        "max_concurrency": round(kv.max_concurrency, 2),
+    }
+    # vLLM's CPU backend logs the same two figures as "CPU KV cache size: ..., Maximum concurrency ...".
+    tokens, concurrency = (line.replace("GPU KV cache", "CPU KV cache") for line in kv.log_lines())
     where = f"{shape.architecture or shape.model_type} on the CPU backend, VLLM_CPU_KVCACHE_SPACE {space} GiB"
     if kv.fits_one_request:
         return InstanceCapacity(name, model, "fits", f"{where}: {tokens}; {concurrency}", figures)
@@ -247,6 +260,38 @@ def check_instances(
     gpu_problem: str = "",
 ) -> list[InstanceCapacity]:
     """Every declared instance, with the role's defaults under each (a key given replaces the default)."""
-    return [
-        check_instance({**defaults, **instance}, models, gpus, vllm_version, gpu_problem) for instance in instances
-    ]
+    return [check_instance({**defaults, **instance}, models, gpus, vllm_version, gpu_problem) for instance in instances]
+
+
+# What vLLM logs at start (vllm/v1/core/kv_cache_utils.py _report_kv_cache_config): "GPU KV cache size: N tokens"
+# ("CPU KV cache size" on the CPU backend) and "Maximum concurrency for L tokens per request: Cx".
+_LOGGED_TOKENS = re.compile(r"KV cache size: ([0-9,]+) tokens")
+_LOGGED_CONCURRENCY = re.compile(r"Maximum concurrency for ([0-9,]+) tokens per request: ([0-9.]+)x")
+
+
+def logged_kv_cache(text: str) -> tuple[int, int, float] | None:
+    """(tokens, max_model_len, concurrency) of the last start a vLLM log shows, or None."""
+    tokens, concurrency = _LOGGED_TOKENS.findall(text or ""), _LOGGED_CONCURRENCY.findall(text or "")
+    if not tokens or not concurrency:
+        return None
+    length, times = concurrency[-1]
+    return int(tokens[-1].replace(",", "")), int(length.replace(",", "")), float(times)
+
+
+def compare_with_log(verdict: InstanceCapacity, text: str, tolerance: float) -> dict[str, Any]:
+    """The prediction against what vLLM logged at the instance's start; `warning` when they differ by more than the
+    tolerance (a fraction of vLLM's figure), naming both."""
+    seen = logged_kv_cache(text)
+    comparison: dict[str, Any] = {"instance": verdict.instance, "predicted": None, "logged": None, "warning": ""}
+    if verdict.status != "fits" or seen is None:
+        return comparison
+    tokens, length, concurrency = seen
+    predicted = verdict.figures["kv_cache_tokens"]
+    comparison.update(predicted=predicted, logged=tokens, logged_max_model_len=length, logged_concurrency=concurrency)
+    if abs(predicted - tokens) > tolerance * tokens:
+        comparison["warning"] = (
+            f"vllm@{verdict.instance}: vLLM allocated a KV cache of {tokens:,} tokens, the plan predicted "
+            f"{predicted:,} ({(predicted - tokens) / tokens:+.1%}, more than {tolerance:.0%}): the planner's overhead "
+            "estimates do not hold for this model and GPU; the figures vLLM logged are in its journal"
+        )
+    return comparison

@@ -30,11 +30,13 @@ DUMMY_SHAPES = (
 )
 DUMMY_KV_SPACE_GIB = 1
 # vLLM's offline engine with dummy weights and no tokenizer: what it logs about its KV cache goes to stderr.
+# (The guard: vLLM starts its engine core with multiprocessing's spawn, which imports this file again.)
 DUMMY_START = """
 import sys
 from vllm import LLM
-LLM(model=sys.argv[1], load_format="dummy", skip_tokenizer_init=True, max_model_len=int(sys.argv[2]),
-    enforce_eager=True, dtype="bfloat16")
+if __name__ == "__main__":
+    LLM(model=sys.argv[1], load_format="dummy", skip_tokenizer_init=True, max_model_len=int(sys.argv[2]),
+        enforce_eager=True, dtype="bfloat16")
 """
 
 
@@ -53,7 +55,11 @@ def within(predicted: float, reported: float) -> bool:
 def test_the_plan_predicts_the_kv_cache_each_lab_instance_logs(lab_inventory: Path, ansible: AnsibleRunner) -> None:
     plan = subprocess.run(
         [str(BIN / "gpufleet"), "plan", "-i", str(lab_inventory), "--json"],
-        capture_output=True, text=True, check=False, cwd=PROJECT_ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=PROJECT_ROOT,
+        timeout=300,
     )
     assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-2000:]
     document = json.loads(plan.stdout)
@@ -68,7 +74,7 @@ def test_the_plan_predicts_the_kv_cache_each_lab_instance_logs(lab_inventory: Pa
         "gpu_nodes",
         "ansible.builtin.shell",
         "for unit in $(systemctl list-units 'vllm@*' --no-legend --plain | cut -d' ' -f1); do "
-        "echo \"=== $unit\"; journalctl -u \"$unit\" -o cat --no-pager | grep -E 'KV cache size|Maximum concurrency'; done",
+        'echo "=== $unit"; journalctl -u "$unit" -o cat --no-pager | grep -E \'KV cache size|Maximum concurrency\'; done',
     )
     compared = 0
     for host, result in journals.items():
@@ -93,12 +99,18 @@ def test_vllm_reports_the_kv_cache_the_planner_predicts_for_a_real_shape(
     config = json.loads((CONFIGS / fixture / "config.json").read_text())
     remote = f"/tmp/gpufleet-capacity/{fixture}"
     ansible(host, "ansible.builtin.file", f"path={remote} state=directory mode=0755")
-    ansible(host, "ansible.builtin.copy", f"src={CONFIGS / fixture / 'config.json'} dest={remote}/config.json mode=0644")
-    ansible(host, "ansible.builtin.copy", f"content={json.dumps(DUMMY_START)} dest=/tmp/gpufleet-capacity/start.py mode=0644")
+    ansible(
+        host, "ansible.builtin.copy", f"src={CONFIGS / fixture / 'config.json'} dest={remote}/config.json mode=0644"
+    )
+    ansible(
+        host,
+        "ansible.builtin.copy",
+        f"content={json.dumps(DUMMY_START)} dest=/tmp/gpufleet-capacity/start.py mode=0644",
+    )
     result = ansible(
         host,
         "ansible.builtin.shell",
-        f"VLLM_CPU_KVCACHE_SPACE={DUMMY_KV_SPACE_GIB} VLLM_CPU_OMP_THREADS_BIND=all "
+        f"VLLM_CPU_KVCACHE_SPACE={DUMMY_KV_SPACE_GIB} VLLM_CPU_OMP_THREADS_BIND=0-1 "
         f"/opt/gpufleet/venvs/current/bin/python /tmp/gpufleet-capacity/start.py {remote} {max_model_len} 2>&1",
         timeout=900,
     )[host]

@@ -95,7 +95,10 @@ def test_an_instance_whose_model_has_no_shape_is_refused_unless_it_opts_out(tmp_
     refused = plan("-i", str(inventory), "--limit", "h200")
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "small (/var/lib/gpufleet/models/qwen2.5-7b): REFUSED" in refused.stdout
-    assert "give its model_store_models entry `shape:`" in refused.stdout and "capacity_check: false" in refused.stdout
+    assert (
+        "has no shape: serve it from a model_store_models entry with `shape:`" in refused.stdout
+        and "capacity_check: false" in refused.stdout
+    )
     h200 = inventory / "group_vars" / "h200.yml"
     h200.write_text(h200.read_text().replace("gpus: [4]}", "gpus: [4], capacity_check: false}"))
     opted_out = plan("-i", str(inventory), "--limit", "h200")
