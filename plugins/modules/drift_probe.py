@@ -18,7 +18,8 @@ description:
     C(sysctl), C(http). Kinds of the stack reuse the logic of the module that provisions the layer - C(driver) and
     C(dkms) (nvidia_runfile), C(fabric_manager) (nvidia_fabric_manager), C(gpus) (nvidia_gpu_info expectations),
     C(toolkits) and C(ld_cache) (nvidia_runfile, cuda_toolkit), C(pythons) (pyenv_install), C(venv) (pip_lock),
-    C(kernels) (kernel_build_key), C(models) (model_store).
+    C(kernels) (kernel_build_key), C(models) (model_store). C(foreign) reports configuration the layer did not write
+    that changes its component (drift_foreign).
   - Read-only; never reports a change. Drift is a result, not a failure; the module fails only on checks it
     cannot understand (a bug in the playbook).
 version_added: "0.1.0"
@@ -57,6 +58,12 @@ options:
         install)."
       - "C(kernels): C(venv), C(packages) (flash_attn_packages), optional C(arch_list), C(cuda_home), C(library)."
       - "C(models): C(root), C(models) (model_store_models), optional C(archive_cache) (the node's artifact cache)."
+      - "C(foreign): configuration the layer did not write that changes its C(component): C(files) (each C(glob),
+        C(match) (a regex over significant lines), C(effect), optional C(module_parameters)), C(cmdline) (C(match)
+        over /proc/cmdline's parameters), C(environment) (C(match) over the names of C(systemctl show-environment)),
+        C(loader) (C(libraries) the loader's cache must resolve under C(prefixes)), C(holds) (C(match) over
+        C(apt-mark showhold)); C(own) lists the paths the layer writes there. Each finding names the file or
+        setting, the line and the effect."
     type: list
     elements: dict
     required: true
@@ -173,6 +180,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import
     run_checks,
     validate,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_foreign import KINDS as FOREIGN_KINDS
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_stack import KINDS as STACK_KINDS
 from ansible_collections.gpufleet.fleet.plugins.module_utils.ray_cluster import KINDS as RAY_KINDS
 
@@ -186,6 +194,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     register(STACK_KINDS)
+    register(FOREIGN_KINDS)
     register(RAY_KINDS)
     try:
         checks = validate(module.params["checks"])
