@@ -21,7 +21,8 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from gpufleet.drift import LAYERS, inventory_hosts, parse_layers, run_drift  # noqa: E402
+from gpufleet.drift import LAYERS, parse_layers, run_drift  # noqa: E402
+from gpufleet.inventory import inventory_hosts  # noqa: E402
 
 # The playbook that provisions each layer (gpu_health has none: the driver's covers it).
 LAYER_PLAYBOOKS = {

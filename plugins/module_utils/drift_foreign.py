@@ -83,7 +83,7 @@ def foreign_cmdline(spec: dict, label: str, path: str = "/proc/cmdline") -> list
     """Kernel command-line parameters of the running kernel that concern the component."""
     require(spec, "match", "effect")
     pattern = re.compile(spec["match"])
-    text = " ".join(line for _, line in _lines(path)).split(" -- ")[0]
+    text = " ".join(line for number, line in _lines(path)).split(" -- ", maxsplit=1)[0]
     return [Finding(label, path, EXPECTED, token, spec["effect"]) for token in text.split() if pattern.search(token)]
 
 
@@ -92,7 +92,7 @@ def foreign_environment(spec: dict, ctx: Context, label: str) -> list[Finding]:
     show-environment`) that concern the component, other than those the layer sets."""
     require(spec, "match", "effect")
     pattern, own = re.compile(spec["match"]), set(spec.get("own") or [])
-    rc, out, _ = ctx.run(["systemctl", "show-environment"])
+    rc, out, dummy = ctx.run(["systemctl", "show-environment"])
     if rc != 0:
         return []
     findings = []
@@ -106,13 +106,13 @@ def foreign_environment(spec: dict, ctx: Context, label: str) -> list[Finding]:
 def foreign_loader(spec: dict, ctx: Context, label: str) -> list[Finding]:
     """Each library the loader's cache resolves (`ldconfig -p`) outside the prefixes the layer installs."""
     require(spec, "libraries", "prefixes", "effect")
-    rc, out, _ = ctx.run(["ldconfig", "-p"])
+    rc, out, dummy = ctx.run(["ldconfig", "-p"])
     if rc != 0:
         return []
     prefixes = tuple(os.path.join(prefix, "") for prefix in spec["prefixes"])
     findings = []
     for line in out.splitlines():
-        name, _, target = line.strip().partition(" => ")
+        name, dummy, target = line.strip().partition(" => ")
         soname = name.split(" (")[0]
         if any(re.fullmatch(re.escape(library) + r"(\.[0-9]+)*", soname) for library in spec["libraries"]):
             resolved = os.path.realpath(target)
@@ -127,7 +127,7 @@ def foreign_holds(spec: dict, ctx: Context, label: str) -> list[Finding]:
     """Packages matching the pattern held by someone else (`apt-mark showhold`)."""
     require(spec, "match", "effect")
     pattern, own = re.compile(spec["match"]), set(spec.get("own") or [])
-    rc, out, _ = ctx.run(["apt-mark", "showhold"])
+    rc, out, dummy = ctx.run(["apt-mark", "showhold"])
     if rc != 0:
         return []
     return [
