@@ -197,6 +197,10 @@ def declared_venv(variables: dict[str, Any], source: str) -> dict[str, Any] | No
         stack = spec.normalize_stack(variables["gpufleet_stack"])
     except spec.StackError as error:
         raise GpufleetError(f"{source}: gpufleet_stack is invalid: {error}") from None
+    declared = (variables.get("inference_venv_stack_options") or {}).get("platform")
+    if stack.get("platform") is None and declared:
+        # The platform the wheelhouse is declared for is the one its wheels are checked for.
+        stack = dict(stack, platform=str(declared))
     report = compat.stack_declared().validate_stack(stack, compat.load_knowledge_base())
     if report["errors"]:
         raise GpufleetError(

@@ -141,7 +141,7 @@ def check_foreign(spec: dict, ctx: Context) -> list[Finding]:
     """Every place the layer declares where foreign configuration of its component can live."""
     require(spec, "component")
     label = f"foreign configuration of {spec['component']}"
-    own = set()
+    own: set[str] = set()
     for path in spec.get("own") or []:
         own.update((path, os.path.realpath(path)))
     findings: list[Finding] = []

@@ -40,6 +40,15 @@ def inputs_of(variables: dict) -> dict:
     }
 
 
+def with_platform(stack: dict, inputs: dict) -> dict:
+    """The stack with the nodes' platform: its own, else the one the wheelhouse is declared for
+    (inference_venv_stack_options.platform), so the wheels are checked for the platform they are fetched for."""
+    declared = (inputs.get("venv_options") or {}).get("platform")
+    if stack.get("platform") is None and declared:
+        return dict(stack, platform=str(declared))
+    return stack
+
+
 def validate_and_resolve(inputs: dict) -> dict:
     """{'report': the validator's report, 'resolved': what the stack installs or None, 'error': message or None}.
     Cached per process: every role default of a play reads the same stack."""
@@ -59,7 +68,7 @@ def _compute(inputs: dict) -> dict:
         }
     try:
         kb = stack_kb.load_kb(kb_dir())
-        report = stack_declared.validate_stack(stack_spec.normalize_stack(inputs["stack"]), kb)
+        report = stack_declared.validate_stack(with_platform(stack_spec.normalize_stack(inputs["stack"]), inputs), kb)
     except (stack_spec.StackError, stack_kb.KnowledgeBaseError) as error:
         return {"report": None, "resolved": None, "error": "gpufleet_stack is invalid: %s" % error}
     if report["errors"]:

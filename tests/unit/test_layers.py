@@ -34,12 +34,16 @@ def test_each_layer_import_runs_only_when_a_rebuild_selects_it() -> None:
 def test_preflight_comes_first_untagged_and_its_tasks_always_run() -> None:
     first = site_imports()[0]
     assert first["ansible.builtin.import_playbook"] == "preflight.yml" and "tags" not in first and "when" not in first
-    # The stack's validation, the role variables' check (role_values), then the release check
+    # The stack's validation, the role variables' check (role_values), the capacity check (vllm_service's entry
+    # point capacity: every task of the role file it includes gets the tag too), then the release check
     # (playbooks/vars/platforms.yml): every task of each always runs.
     plays = yaml.safe_load((PLAYBOOKS / "preflight.yml").read_text())
-    assert len(plays) == 3
+    assert len(plays) == 4
     for play in plays:
         assert [task["tags"] for task in play["tasks"]] == [["always"]] * len(play["tasks"])
+    (capacity,) = plays[2]["tasks"]
+    include = capacity["ansible.builtin.include_role"]
+    assert include["tasks_from"] == "capacity.yml" and include["apply"]["tags"] == ["always"]
 
 
 def test_verify_follows_the_layers_that_can_break_a_link() -> None:
