@@ -157,11 +157,72 @@ def _fix_text(fix: capacity.Fix, instance: Mapping[str, Any]) -> str:
     return fix.text
 
 
+def kv_cache_memory(instance: Mapping[str, Any]) -> int | None:
+    """A KV cache of a fixed size per GPU (--kv-cache-memory, --kv-cache-memory-bytes before vLLM 0.11), which vLLM
+    then allocates instead of what gpu_memory_utilization leaves."""
+    extra = [str(item) for item in instance.get("extra_args") or []]
+    value = _extra_arg(extra, "--kv-cache-memory") or _extra_arg(extra, "--kv-cache-memory-bytes")
+    return length_of(value, "--kv-cache-memory") if value else None
+
+
+def check_fixed_kv_instance(
+    instance: Mapping[str, Any], shape: ModelShape, gpu: GpuMemory, settings: capacity.InstanceSettings, space: int
+) -> InstanceCapacity:
+    """An instance whose KV cache has a declared size: it must hold one request at max_model_len, and the weights,
+    the overheads and that cache must fit the GPU's memory."""
+    name, model = str(instance["name"]), str(instance.get("model", ""))
+    prediction = capacity.predict(shape, settings)
+    kv = capacity.predict_fixed_space(
+        shape,
+        space,
+        max_model_len=settings.max_model_len,
+        kv_cache_dtype=settings.kv_cache_dtype,
+        block_size=settings.block_size,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size,
+        max_num_batched_tokens=prediction.max_num_batched_tokens,
+        hybrid_kv_cache_manager=settings.hybrid_kv_cache_manager,
+    )
+    used = prediction.weights_bytes_per_gpu + prediction.overhead_bytes + space
+    figures = {
+        **_figures(prediction, gpu),
+        "kv_cache_bytes": space,
+        "kv_cache_tokens": kv.tokens,
+        "max_concurrency": round(kv.max_concurrency, 2),
+    }
+    tokens, concurrency = kv.log_lines()
+    where = f"{shape.architecture or shape.model_type} on {gpu.describe()}, --kv-cache-memory {capacity.gib(space)}"
+    if not kv.fits_one_request:
+        return InstanceCapacity(
+            name,
+            model,
+            "does_not_fit",
+            f"{where}: does not fit: one request of max_model_len {kv.max_model_len:,} tokens needs "
+            f"{capacity.gib(kv.bytes_needed_per_request)} of KV cache per GPU; fix: a larger --kv-cache-memory or a "
+            "smaller max_model_len",
+            figures,
+        )
+    if used > gpu.cuda_total_bytes:
+        return InstanceCapacity(
+            name,
+            model,
+            "does_not_fit",
+            f"{where}: does not fit: weights {capacity.gib(prediction.weights_bytes_per_gpu)} + overheads "
+            f"{capacity.gib(prediction.overhead_bytes)} + KV cache {capacity.gib(space)} exceed the GPU's "
+            f"{capacity.gib(gpu.cuda_total_bytes)}; fix: a smaller --kv-cache-memory or a larger tensor_parallel_size",
+            figures,
+        )
+    return InstanceCapacity(name, model, "fits", f"{where}: fits: {tokens}; {concurrency}", figures)
+
+
 def check_gpu_instance(
     instance: Mapping[str, Any], shape: ModelShape, gpu: GpuMemory, vllm_version: str
 ) -> InstanceCapacity:
     name, model = str(instance["name"]), str(instance.get("model", ""))
     settings = settings_of(instance, gpu, vllm_version)
+    space = kv_cache_memory(instance)
+    if space is not None:
+        return check_fixed_kv_instance(instance, shape, gpu, settings, space)
     auto_length = settings.max_model_len is None and instance.get("max_model_len") not in (None, "")
     verdict = capacity.fits(shape, settings)
     largest = next((fix for fix in verdict.fixes if fix.setting == "max_model_len"), None)

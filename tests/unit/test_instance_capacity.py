@@ -142,3 +142,23 @@ def test_a_prediction_off_vllm_s_figure_by_more_than_the_tolerance_is_warned(pre
             "vLLM allocated a KV cache of 32,831,168 tokens, the plan predicted 36,500,000 (+11.2%"
             in compared["warning"]
         )
+
+
+def test_a_declared_kv_cache_size_is_what_the_plan_sizes() -> None:
+    """--kv-cache-memory (the flag vLLM 0.26's log recommends): 8 GiB at TP 8 holds 8 GiB / 40,960 bytes a token
+    (Qwen2.5-72B: 80 layers x 2 x 1 KV head x 128 x 2 bytes), 209,715 tokens, in whole blocks of 16: 209,712."""
+    fits = check_instance(
+        instance(tensor_parallel_size=8, extra_args=["--kv-cache-memory", "8G"]), MODELS, [H100], "0.26.0"
+    )
+    assert fits.status == "fits", fits.message
+    assert fits.figures["kv_cache_tokens"] == 209_712 and "--kv-cache-memory 8.00 GiB" in fits.message
+    too_big = check_instance(
+        instance(tensor_parallel_size=8, extra_args=["--kv-cache-memory=70G"]), MODELS, [H100], "0.26.0"
+    )
+    assert too_big.status == "does_not_fit" and "exceed the GPU's 79.20 GiB" in too_big.message
+    too_small = check_instance(
+        instance(tensor_parallel_size=8, extra_args=["--kv-cache-memory-bytes", "1000000"]), MODELS, [H100], "0.19.1"
+    )
+    assert (
+        too_small.status == "does_not_fit" and "one request of max_model_len 32,768 tokens needs" in too_small.message
+    )
