@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import subprocess
 from pathlib import Path
 
@@ -14,12 +13,11 @@ import pytest
 from conftest import BIN, AnsibleRunner
 
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.capacity import GiB, predict_fixed_space
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.instance_capacity import logged_kv_cache
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.model_shape import read_model_dir, shape_from_config
 from gpufleet import PROJECT_ROOT
 
 TOLERANCE = 0.05
-KV_SIZE = re.compile(r"KV cache size: ([0-9,]+) tokens")
-CONCURRENCY = re.compile(r"Maximum concurrency for ([0-9,]+) tokens per request: ([0-9.]+)x")
 CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "model_configs"
 # Real published shapes small enough for a lab node's memory and cores with dummy weights: (fixture directory,
 # max_model_len). Each has another layout of KV heads and head size.
@@ -41,11 +39,10 @@ if __name__ == "__main__":
 
 
 def logged(text: str) -> tuple[int, int, float]:
-    """(KV tokens, max_model_len, concurrency) of the last start in a vLLM log."""
-    sizes, concurrencies = KV_SIZE.findall(text), CONCURRENCY.findall(text)
-    assert sizes and concurrencies, f"no KV-cache lines in the log:\n{text[-3000:]}"
-    length, concurrency = concurrencies[-1]
-    return int(sizes[-1].replace(",", "")), int(length.replace(",", "")), float(concurrency)
+    """(KV tokens, max_model_len, concurrency) of the last start in a vLLM log, read as the role reads it."""
+    seen = logged_kv_cache(text)
+    assert seen is not None, f"no KV-cache lines in the log:\n{text[-3000:]}"
+    return seen
 
 
 def within(predicted: float, reported: float) -> bool:
