@@ -1,11 +1,19 @@
 """Stack resolution shared by the gpufleet_stack lookup and the stack_validate action (controller only): the
 host variables it reads, the validation against the knowledge base and the artifacts it resolves, cached per
-process."""
+process and on the controller's disk.
+
+Ansible forks a worker per task and host, and each worker that templates a role default reads the stack through
+the lookup: parsing the knowledge base's CSVs there cost 10-15 ms per task and host, minutes over a fleet's
+provision. The outcome is therefore kept on disk (the temporary directory, one file per inputs and knowledge base),
+keyed by the inputs, the knowledge base's files and the validator's own code (names, sizes, modification times):
+a changed table or validator is a new key, never a stale answer."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tempfile
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import stack_spec
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_artifacts, stack_declared, stack_kb
@@ -49,12 +57,65 @@ def with_platform(stack: dict, inputs: dict) -> dict:
     return stack
 
 
+def _fingerprint(directories: tuple[str, ...]) -> str:
+    """Names, sizes and modification times of the knowledge base's tables and the validator's code."""
+    parts = []
+    for directory in directories:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            parts.append(directory + ": unreadable")
+            continue
+        for name in names:
+            if name.endswith((".csv", ".py")):
+                info = os.stat(os.path.join(directory, name))
+                parts.append("%s/%s %d %d" % (directory, name, info.st_size, info.st_mtime_ns))
+    return "\n".join(parts)
+
+
+def _disk_cache_path(key: str) -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (here, os.path.join(os.path.dirname(here), "module_utils"))
+    digest = hashlib.sha256((key + "\n" + _fingerprint((os.path.abspath(kb_dir()),) + code)).encode()).hexdigest()
+    return os.path.join(tempfile.gettempdir(), "gpufleet-stack-%d" % os.getuid(), digest + ".json")
+
+
+def _read_disk_cache(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            outcome = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return outcome if isinstance(outcome, dict) and set(outcome) == {"report", "resolved", "error"} else None
+
+
+def _write_disk_cache(path: str, outcome: dict) -> None:
+    """Written beside its name and renamed over it: a worker reading it never sees half a file."""
+    partial = None
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        handle, partial = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".partial")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(outcome, out)
+        os.replace(partial, path)
+    except (OSError, TypeError, ValueError):
+        # A cache that cannot be written only costs the next worker the computation.
+        if partial is not None and os.path.exists(partial):
+            os.unlink(partial)
+
+
 def validate_and_resolve(inputs: dict) -> dict:
     """{'report': the validator's report, 'resolved': what the stack installs or None, 'error': message or None}.
-    Cached per process: every role default of a play reads the same stack."""
+    Cached per process and on disk (the module's docstring says why): every role default of a play reads the same
+    stack."""
     key = json.dumps(inputs, sort_keys=True, default=str)
     if key not in _CACHE:
-        _CACHE[key] = _compute(inputs)
+        path = _disk_cache_path(key)
+        outcome = _read_disk_cache(path)
+        if outcome is None:
+            outcome = _compute(inputs)
+            _write_disk_cache(path, outcome)
+        _CACHE[key] = outcome
     return _CACHE[key]
 
 
