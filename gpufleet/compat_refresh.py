@@ -993,6 +993,17 @@ def _fresh_row(
     return row
 
 
+def read_wheel_metadata(
+    dist: str, version: str, wheel: WheelFile, fetch: Fetch, cache: MetadataCache, log: Callable[[str], None]
+) -> WheelMetadata:
+    """A wheel's own METADATA, parsed, read by range (the aarch64 reads of torch's build and of a release's pins)."""
+    log(f"{dist} {version}: reading METADATA from {wheel.filename} ({wheel.size // 1_000_000} MB) by range")
+    texts = read_wheel_texts(wheel, {"metadata": r"[^/]+\.dist-info/METADATA"}, fetch, cache)
+    if "metadata" not in texts:
+        raise RefreshError(f"{wheel.filename} has no *.dist-info/METADATA")
+    return parse_metadata(texts["metadata"])
+
+
 def torch_aarch64_build(
     version: str, files: list[WheelFile], fetch: Fetch, cache: MetadataCache, today: str, log: Callable[[str], None]
 ) -> tuple[str, str] | None:
@@ -1001,11 +1012,8 @@ def torch_aarch64_build(
     wheel = pick_linux_wheel(files, "aarch64")
     if wheel is None:
         return None
-    log(f"torch {version}: reading METADATA from {wheel.filename} ({wheel.size // 1_000_000} MB) by range")
-    texts = read_wheel_texts(wheel, {"metadata": r"[^/]+\.dist-info/METADATA"}, fetch, cache)
-    if "metadata" not in texts:
-        raise RefreshError(f"{wheel.filename} has no *.dist-info/METADATA")
-    variant = variant_from_runtime_pin(torch_cuda_runtime_pin(parse_metadata(texts["metadata"]), "aarch64"))
+    metadata = read_wheel_metadata("torch", version, wheel, fetch, cache, log)
+    variant = variant_from_runtime_pin(torch_cuda_runtime_pin(metadata, "aarch64"))
     return variant or "cpu", f"{wheel.filename} (sha256 {wheel.sha256[:16]}…; refreshed {today})"
 
 
@@ -1410,11 +1418,7 @@ def aarch64_pins(
     wheel = pick_linux_wheel(files, "aarch64")
     if wheel is None:
         return None
-    log(f"{dist} {version}: reading METADATA from {wheel.filename} ({wheel.size // 1_000_000} MB) by range")
-    texts = read_wheel_texts(wheel, {"metadata": r"[^/]+\.dist-info/METADATA"}, fetch, cache)
-    if "metadata" not in texts:
-        raise RefreshError(f"{wheel.filename} has no *.dist-info/METADATA")
-    metadata = parse_metadata(texts["metadata"])
+    metadata = read_wheel_metadata(dist, version, wheel, fetch, cache, log)
     pins = [exact_pin(name, requirement(metadata, name, "aarch64")) for name in ("torch", *COMPANIONS)]
     source = (
         f"Requires-Dist in {wheel.filename} METADATA (markers for aarch64), read by HTTP range "
