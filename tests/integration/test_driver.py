@@ -154,6 +154,7 @@ def test_rerun_completes_the_upgrade_with_a_reboot(inventory: Path, host: str) -
     assert again.rc == 0 and again.changed == 0, again.describe()
 
 
+@pytest.mark.slow
 def test_hold_policy_holds_the_installed_kernel_packages(inventory: Path, host: str) -> None:
     try:
         run = driver(inventory, host, NEW, nvidia_driver_kernel_protection="hold")

@@ -54,7 +54,18 @@ def test_the_listed_tags_are_the_layers(lab_inventory: Path) -> None:
     assert listed_tags(lab_inventory) == sorted(layers.rebuildable())
 
 
-@pytest.mark.parametrize("tag", sorted(layers.rebuildable()))
+# make test runs the driver's and serve's tags (a layer under the stack and the top one); the others are make
+# test-slow, each a --check run of site.yml (about 20 s) proving the same ordering.
+REPRESENTATIVE_TAGS = {"driver", "serve"}
+
+
+@pytest.mark.parametrize(
+    "tag",
+    [
+        pytest.param(tag, marks=() if tag in REPRESENTATIVE_TAGS else pytest.mark.slow)
+        for tag in sorted(layers.rebuildable())
+    ],
+)
 def test_each_listed_tag_alone_validates_first_then_runs_its_layer(lab_inventory: Path, host: str, tag: str) -> None:
     run = play(lab_inventory, host, "site.yml", "--check", "--tags", tag)
     assert run.rc == 0, run.output[-4000:]

@@ -72,6 +72,8 @@ def broken_venv_in_service(
     )
 
 
+# make test-slow: make test keeps the rollout's failed gate rolled back (test_rollout.py) as the representative case.
+@pytest.mark.slow
 def test_a_venv_that_fails_its_health_gate_is_rolled_back(
     lab_inventory: Path, broken_venv_in_service: tuple[str, list[str], str, str]
 ) -> None:
