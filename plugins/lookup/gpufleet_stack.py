@@ -44,7 +44,6 @@ _raw:
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_artifacts
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.stack_resolve import inputs_of, validate_and_resolve
 
 
@@ -78,7 +77,10 @@ class LookupModule(LookupBase):
             raise AnsibleLookupError(outcome["error"])
         version = kwargs.get("version")
         if list(terms) == ["driver.fabric_manager"] and outcome["resolved"]["driver"]:
-            # Not part of every stack's artifacts: only an NVSwitch system's role asks for it.
+            # Not part of every stack's artifacts: only an NVSwitch system's role asks for it (and imports the
+            # resolver's modules; the other answers come from stack_resolve's cache).
+            from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_artifacts
+
             try:
                 return [
                     stack_artifacts.fabric_manager_archive(

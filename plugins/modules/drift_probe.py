@@ -18,8 +18,8 @@ description:
     C(sysctl), C(http). Kinds of the stack reuse the logic of the module that provisions the layer - C(driver) and
     C(dkms) (nvidia_runfile), C(fabric_manager) (nvidia_fabric_manager), C(gpus) (nvidia_gpu_info expectations),
     C(toolkits) and C(ld_cache) (nvidia_runfile, cuda_toolkit), C(pythons) (pyenv_install), C(venv) (pip_lock),
-    C(kernels) (kernel_build_key), C(models) (model_store). C(foreign) reports configuration the layer did not write
-    that changes its component (drift_foreign).
+    C(kernels) (kernel_build_key), C(models) (model_store), C(gpu_faults) (gpu_health, XIDs and DCGM's verdict).
+    C(foreign) reports configuration the layer did not write that changes its component (drift_foreign).
   - Read-only; never reports a change. Drift is a result, not a failure; the module fails only on checks it
     cannot understand (a bug in the playbook).
 version_added: "0.1.0"
@@ -64,6 +64,9 @@ options:
         C(loader) (C(libraries) the loader's cache must resolve under C(prefixes)), C(holds) (C(match) over
         C(apt-mark showhold)); C(own) lists the paths the layer writes there. Each finding names the file or
         setting, the line and the effect."
+      - "C(gpu_faults): XIDs of this boot and DCGM's verdict, as the GPU health gate reads them: optional
+        C(kernel_log) (C(journal), the default, or a file), C(xid_ignore) (XIDs not reported), C(dcgm_level)
+        (C(dcgmi diag -r) level where DCGM is installed; 0, the default, runs none)."
     type: list
     elements: dict
     required: true
@@ -181,6 +184,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import
     validate,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_foreign import KINDS as FOREIGN_KINDS
+from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_gpu_faults import KINDS as GPU_FAULT_KINDS
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_stack import KINDS as STACK_KINDS
 from ansible_collections.gpufleet.fleet.plugins.module_utils.ray_cluster import KINDS as RAY_KINDS
 
@@ -195,6 +199,7 @@ def main() -> None:
     )
     register(STACK_KINDS)
     register(FOREIGN_KINDS)
+    register(GPU_FAULT_KINDS)
     register(RAY_KINDS)
     try:
         checks = validate(module.params["checks"])

@@ -48,12 +48,6 @@ options:
     description: Whether an unhealthy node fails the task.
     type: bool
     default: true
-  drift_layer_result:
-    description:
-      - A drift_probe result (its C(gpufleet_drift) value) for drift's gpu_health layer; the module then returns it
-        as RV(gpufleet_drift) with the XID and DCGM problems added as drift (drift_probe's C(gpus) check reads
-        NVML's ECC, row remapping and lost GPUs already).
-    type: dict
 extends_documentation_fragment:
   - gpufleet.fleet.attributes
 attributes:
@@ -93,10 +87,6 @@ kernel_log_error:
   description: Why the kernel log could not be read, or null.
   type: str
   returned: always
-gpufleet_drift:
-  description: O(drift_layer_result) with the XID and DCGM problems added to its C(drift) list.
-  type: dict
-  returned: when O(drift_layer_result) is given
 """
 
 import os
@@ -119,11 +109,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "ecc_errors_max": {"type": "int", "default": 0},
     "dcgm_level": {"type": "int", "default": 1, "choices": [0, 1, 2, 3, 4]},
     "fail": {"type": "bool", "default": True},
-    "drift_layer_result": {"type": "dict"},
 }
-# What drift_probe's gpus check does not read itself.
-DRIFT_CHECKS = ("xid", "dcgm")
-DRIFT_ENTRY = {"xid": ("kernel log", "none since boot"), "dcgm": ("DCGM diagnostic", "pass")}
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
 
 
@@ -164,26 +150,6 @@ def nvml_state(library: str | None, ecc_errors_max: int) -> list[dict[str, Any]]
         return [{"check": "nvml", "gpu": None, "evidence": evidence, "message": str(error)}]
 
 
-def with_drift(layer_result: dict[str, Any], problems: list[dict[str, Any]]) -> dict[str, Any]:
-    """The layer's drift_probe result plus one drift entry per XID or DCGM problem."""
-    merged = dict(layer_result)
-    added = [
-        {
-            "check": DRIFT_ENTRY[problem["check"]][0],
-            "field": "xid %d" % problem["xid"] if problem["check"] == "xid" else "verdict",
-            "expected": DRIFT_ENTRY[problem["check"]][1],
-            "actual": problem["evidence"],
-            "detail": problem["message"],
-        }
-        for problem in problems
-        if problem["check"] in DRIFT_CHECKS
-    ]
-    merged["drift"] = list(layer_result.get("drift") or []) + added
-    if added:
-        merged["status"] = "drifted"
-    return merged
-
-
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
@@ -202,8 +168,6 @@ def main() -> None:
         "dcgm": dcgm,
         "kernel_log_error": kernel_log_error,
     }
-    if params["drift_layer_result"] is not None:
-        result["gpufleet_drift"] = with_drift(params["drift_layer_result"], problems)
     if kernel_log_error:
         module.warn("XIDs not checked: " + kernel_log_error)
     if problems and params["fail"]:

@@ -31,7 +31,7 @@ REAL_XID_63 = (
 H200_LOG = (PROJECT_ROOT / "tests/fixtures/h200-real/fabric_and_kernel_log.txt").read_text().splitlines()
 
 
-def run_gpu_health(args: dict[str, Any], check_mode: bool = False) -> dict[str, Any]:
+def run_gpu_health(args: dict[str, Any], check_mode: bool = False, module: str = "gpu_health") -> dict[str, Any]:
     command = [
         str(BIN / "ansible"),
         "localhost",
@@ -40,7 +40,7 @@ def run_gpu_health(args: dict[str, Any], check_mode: bool = False) -> dict[str, 
         "-c",
         "local",
         "-m",
-        "gpufleet.fleet.gpu_health",
+        f"gpufleet.fleet.{module}",
         "-a",
         json.dumps(args),
         "-e",
@@ -136,21 +136,31 @@ def test_no_dcgm_installed_is_said(simgpu_machine: SimulatedMachine, kernel_log:
     assert run_gpu_health(module_args(simgpu_machine, kernel_log, dcgm_level=1))["dcgm"]["ran"] is False
 
 
-def test_drift_layer_result_gets_the_xids(simgpu_machine: SimulatedMachine, kernel_log: Path) -> None:
-    probe = {"layer": "gpu_health", "status": "ok", "drift": [], "errors": [], "checked": 1, "notes": []}
-    clean = run_gpu_health(
-        module_args(simgpu_machine, kernel_log, fail=False, drift_layer_result=probe), check_mode=True
-    )
-    assert clean["gpufleet_drift"] == probe
+def test_drift_reads_the_xids_beside_nvml_in_one_module_run(simgpu_machine: SimulatedMachine, kernel_log: Path) -> None:
+    """Drift's gpu_health layer: drift_probe's gpus check (NVML) and gpu_faults (this boot's XIDs, DCGM's verdict)."""
+    checks = [
+        {"kind": "gpus", "library": str(simgpu_machine.library), "expect": {"ecc_errors": 0}},
+        {"kind": "gpu_faults", "kernel_log": str(kernel_log), "xid_ignore": [13, 31, 43, 45], "dcgm_level": 0},
+    ]
+    args = {"layer": "gpu_health", "checks": checks}
+    kernel_log.write_text("")  # a booted node's log, no XID yet
+    clean = run_gpu_health(args, check_mode=True, module="drift_probe")["gpufleet_drift"]
+    assert (clean["status"], clean["drift"], clean["errors"], clean["notes"]) == ("ok", [], [], [])
     simgpu_machine.ctl("xid", "79")
-    simgpu_machine.ctl("ecc-errors", "2")  # drift_probe's gpus check reports ECC itself: not added twice
-    drifted = run_gpu_health(
-        module_args(simgpu_machine, kernel_log, fail=False, drift_layer_result=probe), check_mode=True
-    )["gpufleet_drift"]
-    assert drifted["status"] == "drifted" and [entry["field"] for entry in drifted["drift"]] == ["xid 79"]
-    assert drifted["drift"][0]["actual"].endswith(
+    simgpu_machine.ctl("xid", "13")  # an application's own fault, ignored by default
+    simgpu_machine.ctl("ecc-errors", "2")  # the gpus check reports ECC: gpu_faults does not report it again
+    drifted = run_gpu_health(args, check_mode=True, module="drift_probe")["gpufleet_drift"]
+    assert drifted["status"] == "drifted"
+    assert [(entry["field"], entry["expected"]) for entry in drifted["drift"]] == [
+        ("ecc_errors", 0),
+        ("xid 79", "none since boot"),
+    ]
+    assert drifted["drift"][1]["actual"].endswith(
         "NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
     )
+    unreadable = [checks[0], {**checks[1], "kernel_log": str(kernel_log.parent / "missing.log")}]
+    noted = run_gpu_health({**args, "checks": unreadable}, check_mode=True, module="drift_probe")["gpufleet_drift"]
+    assert noted["notes"] and noted["notes"][0].startswith("XIDs not checked: cannot read ")
 
 
 # Real dcgmi diag outputs, where each came from and what was changed: tests/fixtures/dcgm/README.md.
