@@ -9,6 +9,7 @@ COMMAND_MODULES = (
     "lab",
     "plan",
     "wheelhouse",
+    "mirror",
     "provision",
     "demo",
     "drift",
