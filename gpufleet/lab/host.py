@@ -23,6 +23,8 @@ from gpufleet.lab.rootfs import extract, tree_mkdir, tree_read, tree_write
 from gpufleet.lab.supervisor import host_paths
 
 SSH_CONNECT_TIMEOUT = 3
+# How long a new supervisor may take to record itself (its interpreter starting on a loaded controller).
+SUPERVISOR_START_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ def start_supervisor(host: Host) -> None:
     ]
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
     with host.file("supervisor_log").open("ab") as log:
-        subprocess.Popen(
+        process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -153,6 +155,16 @@ def start_supervisor(host: Host) -> None:
             cwd=str(PROJECT_ROOT),
             env=env,
         )
+    wait_for_pid_file(process, host.file("supervisor_pid"), SUPERVISOR_START_SECONDS)
+
+
+def wait_for_pid_file(process: subprocess.Popen[bytes], path: Path, timeout: float) -> None:
+    """Returns once the started process has recorded itself in `path`, or has exited (wait_ready then says so
+    with its log). Without it, a readiness check on a busy controller ran before the supervisor's interpreter
+    had written its pid file and reported a host that was booting as stopped."""
+    deadline = time.monotonic() + timeout
+    while read_pid_file(path) is None and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def ssh_command(config: LabConfig, address: str, remote: str) -> list[str]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from gpufleet.lab import keys
 from gpufleet.lab.addressing import host_address
 from gpufleet.lab.config import LabConfig
 from gpufleet.lab.fleet import make_host, prepare_keys
+from gpufleet.lab.procs import is_alive
 from gpufleet.lab.releases import RELEASES
 
 
@@ -127,3 +131,29 @@ def test_console_tail_reports_logs(fake_tree: hostlib.Host) -> None:
 
 def test_host_address_matches_inventory_index(config: LabConfig) -> None:
     assert make_host(config, "10.213.7.0/24", 2).address == host_address("10.213.7.0/24", 2)
+
+
+def test_a_started_supervisor_is_recorded_before_start_supervisor_returns(
+    fake_tree: hostlib.Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`lab up` checks a host right after starting it: a supervisor whose interpreter is slow to start (a loaded
+    controller) must already be recorded, or the check reports the booting host as stopped (seen on 2026-12-07:
+    "lab host lab-3 stopped while booting" with an empty supervisor log)."""
+    python = sys.executable
+    slow_supervisor = tmp_path / "slow-supervisor"
+    pid_file = fake_tree.file("supervisor_pid")
+    slow_supervisor.write_text(
+        "#!/bin/sh\nsleep 0.5\n"
+        f"exec {python} -c 'import os, time; from pathlib import Path; from gpufleet.lab.procs import write_pid_file; "
+        f'write_pid_file(Path("{pid_file}"), os.getpid()); time.sleep(30)\'\n'
+    )
+    slow_supervisor.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(slow_supervisor))
+    fake_tree.file("supervisor_log").parent.mkdir(parents=True, exist_ok=True)
+    hostlib.start_supervisor(fake_tree)
+    record = fake_tree.supervisor()
+    try:
+        assert is_alive(record)
+    finally:
+        if record is not None:
+            os.kill(record.pid, signal.SIGKILL)
