@@ -42,6 +42,8 @@ _raw:
   type: list
 """
 
+import os
+
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.stack_resolve import inputs_of, validate_and_resolve
@@ -56,43 +58,58 @@ def path_value(resolved: dict, path: str):
     return value
 
 
+# The host variables the stack is resolved from.
+STACK_VARIABLES = (
+    "gpufleet_stack",
+    "gpufleet_mirror_url",
+    "gpufleet_artifact_sha256",
+    "cuda_toolkit_extra_versions",
+    "inference_venv_stack_options",
+    "pyenv_python_pyenv_version",
+)
+# Templated inputs per (process, host). Ansible runs each task of each host in a worker forked for it, so within
+# one process a host's variables do not change: the role defaults one task templates read the stack several
+# times, and templating these variables (the lab's pins read a file) was most of each call's cost.
+_INPUTS: dict = {}
+
+
+def artifacts():
+    """The resolver's artifact module, imported only by the answers that compute an artifact (a fabric manager
+    archive, another driver version); the others come from stack_resolve's cache without it."""
+    from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_artifacts
+
+    return stack_artifacts
+
+
 class LookupModule(LookupBase):
-    def run(self, terms, variables=None, **kwargs):
-        variables = variables or {}
-        templated = {
-            name: self._templar.template(variables[name])
-            for name in (
-                "gpufleet_stack",
-                "gpufleet_mirror_url",
-                "gpufleet_artifact_sha256",
-                "cuda_toolkit_extra_versions",
-                "inference_venv_stack_options",
-                "pyenv_python_pyenv_version",
+    def _inputs(self, variables) -> dict:
+        key = (os.getpid(), str(variables.get("inventory_hostname", "")))
+        if key not in _INPUTS:
+            _INPUTS[key] = inputs_of(
+                {name: self._templar.template(variables[name]) for name in STACK_VARIABLES if name in variables}
             )
-            if name in variables
-        }
-        inputs = inputs_of(templated)
+        return _INPUTS[key]
+
+    def run(self, terms, variables=None, **kwargs):
+        inputs = self._inputs(variables or {})
         outcome = validate_and_resolve(inputs)
         if outcome["error"]:
             raise AnsibleLookupError(outcome["error"])
         version = kwargs.get("version")
         if list(terms) == ["driver.fabric_manager"] and outcome["resolved"]["driver"]:
-            # Not part of every stack's artifacts: only an NVSwitch system's role asks for it (and imports the
-            # resolver's modules; the other answers come from stack_resolve's cache).
-            from ansible_collections.gpufleet.fleet.plugins.plugin_utils import stack_artifacts
-
+            # Not part of every stack's artifacts: only an NVSwitch system's role asks for it.
             try:
                 return [
-                    stack_artifacts.fabric_manager_archive(
+                    artifacts().fabric_manager_archive(
                         str(version or outcome["resolved"]["driver"]["version"]), inputs["mirror_url"], inputs["pins"]
                     )
                 ]
-            except stack_artifacts.ArtifactError as error:
+            except artifacts().ArtifactError as error:
                 raise AnsibleLookupError(str(error))
         if version and outcome["resolved"]["driver"] and str(version) != outcome["resolved"]["driver"]["version"]:
             # nvidia_driver_version set on purpose to another driver: that driver's runfile.
             try:
-                return [stack_artifacts.driver_runfile(str(version), inputs["mirror_url"], inputs["pins"])]
-            except stack_artifacts.ArtifactError as error:
+                return [artifacts().driver_runfile(str(version), inputs["mirror_url"], inputs["pins"])]
+            except artifacts().ArtifactError as error:
                 raise AnsibleLookupError(str(error))
         return [path_value(outcome["resolved"], str(term)) for term in terms]
