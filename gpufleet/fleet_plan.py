@@ -21,6 +21,9 @@ from gpufleet.runner import first_error, run_playbook
 SCHEMA = "gpufleet.fleet-plan/v1"
 VALIDATE_TASK = "Validate gpufleet_stack"
 CAPACITY_TASK = "Predict each instance's KV cache"
+# playbooks/preflight.yml: each host's model tarballs as mirror sync reads them (gpufleet.fleet.mirror_models).
+MODELS_TASK = "Name the model tarballs each host stages"
+MODELS_FACT = "gpufleet_preflight_models"
 
 
 @dataclass
@@ -30,6 +33,7 @@ class HostPlan:
     message: str
     result: dict[str, Any]
     capacity: list[dict[str, Any]] = field(default_factory=list)  # one verdict per instance (capacity_check)
+    models: dict[str, Any] = field(default_factory=dict)  # {mirror_url, models: [...]} (MODELS_TASK)
 
 
 @dataclass
@@ -44,9 +48,11 @@ class StackClass:
 
 
 def collect(events: list[dict[str, Any]]) -> list[HostPlan]:
-    """The stack_validate and capacity_check results of each host, from the preflight run's events."""
+    """The stack_validate and capacity_check results and the declared model tarballs of each host, from the
+    preflight run's events."""
     plans: dict[str, HostPlan] = {}
     capacity: dict[str, list[dict[str, Any]]] = {}
+    models: dict[str, dict[str, Any]] = {}
     for event in events:
         kind = event.get("event")
         data = event.get("event_data") or {}
@@ -57,9 +63,14 @@ def collect(events: list[dict[str, Any]]) -> list[HostPlan]:
             plans[data["host"]] = HostPlan(data["host"], kind == "runner_on_ok", str(result.get("msg", "")), result)
         elif task.startswith(CAPACITY_TASK):
             capacity[data["host"]] = list(result.get("capacity") or [])
+        elif task.startswith(MODELS_TASK):
+            models[data["host"]] = dict((result.get("ansible_facts") or {}).get(MODELS_FACT) or {})
     for host, verdicts in capacity.items():
         if host in plans:
             plans[host].capacity = verdicts
+    for host, declared in models.items():
+        if host in plans:
+            plans[host].models = declared
     return [plans[host] for host in sorted(plans)]
 
 

@@ -1,8 +1,8 @@
 """The mirror's manifest (DIR/manifest.json): every file `gpufleet mirror sync` placed, where it came from, its size,
 sha256, where that sha256 came from and when it was fetched; and `verify`, which hashes the mirror against it.
 
-Only the directories sync fills are the manifest's (runfiles, CPython, pyenv, sdists): wheels/ belongs to
-`gpufleet wheelhouse build`, models/ to the models' own publishing.
+Only the directories sync fills are the manifest's (runfiles, CPython, pyenv, sdists, and the model tarballs it
+packs from Hugging Face revisions): wheels/ belongs to `gpufleet wheelhouse build`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from gpufleet.errors import GpufleetError, UsageError
 SCHEMA = "gpufleet.mirror-manifest/v1"
 MANIFEST_NAME = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
-# What a sync writes under (stack_artifacts.MIRROR_DIRS of the runfiles, CPython, pyenv and sdists).
+# What a sync writes under (stack_artifacts.MIRROR_DIRS of the runfiles, CPython, pyenv and sdists), scanned for
+# extra files. Model tarballs go where their url says, so only their manifest entries are verified.
 SYNCED_DIRS = ("nvidia", "python", "pyenv", "sdists")
 TRUST_ON_FIRST_DOWNLOAD = "trust-on-first-download"
 

@@ -8,8 +8,8 @@ the one the upstream publishes, else the first download's, recorded as such. A f
 reaches the mirror: downloads go to NAME.partial beside the target (resumed with a Range request), are hashed,
 synced and renamed into place.
 
-Wheels are the wheelhouse's (`gpufleet wheelhouse build`), and models are not fetched yet: both are named in the
-output, never faked.
+Wheels are the wheelhouse's (`gpufleet wheelhouse build`), named in the output; models declared with a Hugging Face
+revision are fetched with the Hub's own client and packed deterministically (gpufleet.mirror_models).
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
 
-from gpufleet import PROJECT_ROOT, __version__, exit_codes, fleet_plan, mirror_manifest
+from gpufleet import PROJECT_ROOT, __version__, exit_codes, fleet_plan, mirror_manifest, mirror_models
 from gpufleet.digests import sha256_file
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.mirror_manifest import PARTIAL_SUFFIX, TRUST_ON_FIRST_DOWNLOAD, Entry, Manifest
+from gpufleet.mirror_models import MODEL_KIND, ModelFailure, ModelNeeded
 
 UPSTREAMS_FILE = PROJECT_ROOT / "data" / "mirror" / "upstreams.csv"
 # The example inventory's "write yours here" value: not a checksum of anything.
@@ -99,8 +100,8 @@ def load_upstreams(path: Path = UPSTREAMS_FILE) -> list[Upstream]:
 
 
 def parse_overrides(items: Iterable[str], upstreams: list[Upstream]) -> dict[str, str]:
-    """--upstream-override KIND=BASEURL, each kind one of the table's."""
-    kinds = sorted({row.kind for row in upstreams})
+    """--upstream-override KIND=BASEURL, each kind one of the table's, or model (a Hugging Face Hub endpoint)."""
+    kinds = sorted({row.kind for row in upstreams} | {MODEL_KIND})
     overrides: dict[str, str] = {}
     for item in items:
         kind, _, base = item.partition("=")
@@ -135,7 +136,8 @@ class Needed:
 @dataclass
 class Needs:
     files: list[Needed] = field(default_factory=list)
-    models: list[str] = field(default_factory=list)  # each served model's path on the nodes
+    models: list[ModelNeeded] = field(default_factory=list)  # each tarball packed from a Hugging Face revision
+    models_not_synced: list[str] = field(default_factory=list)  # one line per declared model left alone, and why
     venvs: list[str] = field(default_factory=list)  # each venv id the wheelhouse fills
 
 
@@ -171,9 +173,8 @@ def needs_from_plans(plans: list[fleet_plan.HostPlan], fabric_manager: bool = Fa
         if venv_id and venv_id not in needs.venvs:
             needs.venvs.append(venv_id)
     needs.files = sorted(by_path.values(), key=lambda needed: needed.path)
-    needs.models = sorted(
-        {str(verdict["model"]) for plan in plans for verdict in plan.capacity if verdict.get("model")}
-    )
+    declared = mirror_models.declared_models([plan.models for plan in plans])
+    needs.models, needs.models_not_synced = declared.needed, declared.not_synced
     return needs
 
 
@@ -268,6 +269,7 @@ class SyncReport:
     present: list[Outcome] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     pins: list[tuple[str, str, str]] = field(default_factory=list)  # name, sha256, where it came from
+    model_pins: list[tuple[str, str, str]] = field(default_factory=list)  # model names, sha256, revision
     notes: list[str] = field(default_factory=list)
 
     def render(self) -> str:
@@ -279,6 +281,14 @@ class SyncReport:
                 "write them in gpufleet_artifact_sha256:"
             )
             lines += [f'  {name}: "{sha256}"  # {source}' for name, sha256, source in self.pins]
+        if self.model_pins:
+            lines.append(
+                "the inventory pins no real sha256 for these model tarballs (a placeholder, or none): write each as "
+                "the sha256 of its model_store_models entries:"
+            )
+            lines += [
+                f'  {names}: sha256: "{sha256}"  # packed from {source}' for names, sha256, source in self.model_pins
+            ]
         if self.downloaded:
             lines.append(
                 f"mirror {self.mirror}: {len(self.downloaded)} downloaded ({human(fetched)}), "
@@ -597,18 +607,16 @@ def sync(
     limit_rate: int = 0,
     say: Say = print,
 ) -> SyncReport:
-    """Fills the mirror with every needed file, `jobs` at a time; raises once all ran when any failed."""
+    """Fills the mirror with every needed file, `jobs` at a time, then packs each model (the Hub's client fetches
+    its files `jobs` at a time); raises once all ran when any failed."""
     mirror.mkdir(parents=True, exist_ok=True)
     syncer = Syncer(mirror, upstreams if upstreams is not None else load_upstreams(), overrides, limit_rate, say)
-    report = SyncReport(mirror, total=len(needs.files))
+    report = SyncReport(mirror, total=len(needs.files) + len(needs.models))
     report.notes += [
         f"venv {venv}: wheels are the wheelhouse's: `gpufleet wheelhouse build -i INVENTORY --mirror-dir {mirror}`"
         for venv in needs.venvs
     ]
-    report.notes += [
-        f"model {model.rsplit('/', 1)[-1]}: not synced (mirror sync of models is not built yet)"
-        for model in needs.models
-    ]
+    report.notes += needs.models_not_synced
     done = 0
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="mirror-sync") as pool:
         futures = {pool.submit(syncer.sync_one, needed): needed for needed in needs.files}
@@ -626,12 +634,45 @@ def sync(
             if needed.placeholder or not needed.sha256_source:
                 report.pins.append((needed.name, outcome.entry.sha256, source_text(outcome.entry)))
     report.pins.sort()
+    done = sync_models(needs.models, syncer, overrides or {}, jobs, report, done)
     if report.failures:
         raise GpufleetError(
             f"mirror sync: {len(report.failures)} of {report.total} file(s) not placed in {mirror} (the others are, "
             "and the manifest lists them):\n" + "\n".join(report.failures)
         )
     return report
+
+
+def sync_models(
+    models: list[ModelNeeded], syncer: Syncer, overrides: dict[str, str], jobs: int, report: SyncReport, done: int
+) -> int:
+    """Each model in turn (the Hub's client parallelises within one); a failure is collected like a file's."""
+    packer = mirror_models.ModelSyncer(syncer.mirror, overrides, jobs, syncer.say)
+    for model in models:
+        done += 1
+        try:
+            outcome = packer.sync_one(model, syncer.manifest)
+        except ModelFailure as failure:
+            report.failures.append(str(failure))
+            syncer.say(f"[{done}/{report.total}] FAILED {failure}")
+            continue
+        if outcome.entry != syncer.manifest.entries.get(outcome.path):
+            syncer.record(outcome.entry)
+        result = Outcome(outcome.path, outcome.packed, outcome.entry, outcome.entry.size, outcome.seconds)
+        (report.downloaded if outcome.packed else report.present).append(result)
+        fetched = human(sum(item.size for item in report.downloaded))
+        what = (
+            f"packed from {model.hf_repo}@{model.hf_revision} ({outcome.fetched_files} files) in "
+            f"{outcome.seconds:.1f} s, {human(outcome.entry.size)}, sha256 {outcome.entry.sha256}"
+            if outcome.packed
+            else f"present, sha256 checked against {outcome.entry.checksum_source}"
+        )
+        syncer.say(f"[{done}/{report.total}] {outcome.path}: {what} ({fetched} fetched so far)")
+        if not model.sha256:
+            report.model_pins.append(
+                (", ".join(model.names), outcome.entry.sha256, f"{model.hf_repo}@{model.hf_revision}")
+            )
+    return done
 
 
 def progress_line(done: int, report: SyncReport, outcome: Outcome) -> str:
@@ -685,7 +726,7 @@ def diff(old: dict[str, str], new: Needs, against: str) -> DiffReport:
     """What the new declaration adds, replaces and no longer needs, against {path: sha256} of a mirror's manifest
     or of another declaration's needs."""
     report = DiffReport(against)
-    wanted = {needed.path: needed for needed in new.files}
+    wanted = {needed.path: needed for needed in new.files + model_files(new.models)}
     for path, needed in sorted(wanted.items()):
         if path not in old:
             report.add.append(needed)
@@ -702,4 +743,9 @@ def manifest_files(manifest: Manifest) -> dict[str, str]:
 
 
 def needs_files(needs: Needs) -> dict[str, str]:
-    return {needed.path: needed.sha256 for needed in needs.files}
+    return {needed.path: needed.sha256 for needed in needs.files + model_files(needs.models)}
+
+
+def model_files(models: list[ModelNeeded]) -> list[Needed]:
+    """Model tarballs as diff counts them: a path and the inventory's pin."""
+    return [Needed(model.path, "model", model.sha256, mirror_models.PIN_SOURCE, model.placeholder) for model in models]

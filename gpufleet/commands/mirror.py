@@ -15,9 +15,10 @@ FOUND_EXIT_CODE = exit_codes.FOUND
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "mirror",
-        help="fill the artifact mirror from NVIDIA, python.org and GitHub, verified, with a manifest",
+        help="fill the artifact mirror from NVIDIA, python.org, GitHub and Hugging Face, verified, with a manifest",
         description="The runfiles, CPython and pyenv tarballs and sdists every declared stack installs (as "
-        "`gpufleet plan -i` lists them), fetched from their upstreams into the layout the roles read.",
+        "`gpufleet plan -i` lists them), fetched from their upstreams into the layout the roles read, and each "
+        "model declared with hf_repo and hf_revision, fetched with huggingface_hub and packed into its tarball.",
     )
     actions = parser.add_subparsers(dest="mirror_action", metavar="ACTION", required=True)
     sync = actions.add_parser(
@@ -35,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=non_negative,
         default=0,
         metavar="BYTES",
-        help="bandwidth limit in bytes per second, across all downloads (default: none)",
+        help="bandwidth limit in bytes per second, across all downloads but the Hub client's (default: none)",
     )
     sync.add_argument(
         "--upstream-override",
@@ -43,7 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="KIND=BASEURL",
         help="fetch a kind (driver, toolkit, fabric_manager, cpython, pyenv, sdist) from another base URL that "
-        "serves the same paths (an internal copy, a test stand-in); repeatable",
+        "serves the same paths (an internal copy, a test stand-in), or models from another Hugging Face Hub "
+        "endpoint (model=BASEURL; default HF_ENDPOINT, else the Hub); repeatable",
     )
     sync.add_argument(
         "--fabric-manager",

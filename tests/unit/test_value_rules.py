@@ -82,6 +82,8 @@ TYPICAL = {
     "journal_or_path": "journal",
     "model": "Qwen/Qwen2-0.5B-Instruct",
     "location": "/v1/",
+    "hf_repo": "Qwen/Qwen2.5-7B-Instruct",
+    "commit": "a09a35458c702b33eeacc393d103063234e8bc28",
     "nginx_size": "16m",
     "nginx_time": "600s",
     "nginx_rate": "20r/s",
