@@ -181,6 +181,10 @@ def lab_copy(tmp_path: Path) -> Path:
     controller cache with the stand-ins' sha256 record the lab reads its runfile pins from."""
     inventory = tmp_path / "lab"
     shutil.copytree(PROJECT_ROOT / "inventories" / "lab" / "group_vars", inventory / "group_vars")
+    # No lab runs here: an ssh that would reach a host records the attempt instead (a plan must not make any).
+    ssh = tmp_path / "ssh-attempted"
+    ssh.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "ssh-attempts"}\nexit 255\n')
+    ssh.chmod(0o755)
     # Each lab host reaches the mirror at its own address (its own /30), as `gpufleet lab up` writes it.
     hosts = {
         "all": {
@@ -190,6 +194,7 @@ def lab_copy(tmp_path: Path) -> Path:
                         f"lab-{n}": {
                             "ansible_host": f"10.9.9.{4 * n + 2}",
                             "gpufleet_mirror_url": f"http://10.9.9.{4 * n + 1}:8780",
+                            "ansible_ssh_executable": str(ssh),
                         }
                         for n in (1, 2)
                     }
@@ -215,6 +220,8 @@ def lab_copy(tmp_path: Path) -> Path:
 def test_the_lab_inventory_plans_one_class_from_its_stand_ins(lab_copy: Path) -> None:
     result = plan("-i", str(lab_copy / "hosts.yml"), "--json", env={"GPUFLEET_CACHE": str(lab_copy.parent / "cache")})
     assert result.returncode == 0, result.stdout + result.stderr
+    # The controller's alone (issue 37): no host was contacted, though none of them can be reached.
+    assert not (lab_copy.parent / "ssh-attempts").exists(), (lab_copy.parent / "ssh-attempts").read_text()
     (lab,) = json.loads(result.stdout)["classes"]
     assert lab["hosts"] == ["lab-1", "lab-2"]
     by_name = {item["name"]: item for item in lab["artifacts"]}
