@@ -180,6 +180,20 @@ def document(inventory: Path, plans: list[HostPlan]) -> dict[str, Any]:
     }
 
 
+# What the example inventory pins for files nobody can know in advance (a driver runfile, pyenv's archive).
+PLACEHOLDER_SHA256 = "0" * 64
+
+
+def sha256_note(artifact: dict[str, Any]) -> str:
+    """Where the sha256 came from; a placeholder pin is named as one, with where the real value comes from."""
+    if artifact["sha256"] == PLACEHOLDER_SHA256:
+        return (
+            f"{artifact['sha256_source']}: a PLACEHOLDER, not a checksum; the nodes would refuse the file: "
+            "`gpufleet mirror sync` fetches it and prints its sha256 to pin"
+        )
+    return str(artifact["sha256_source"])
+
+
 def render(plan: dict[str, Any]) -> str:
     lines = [
         f"inventory {plan['inventory']}: "
@@ -195,7 +209,7 @@ def render(plan: dict[str, Any]) -> str:
         for artifact in item["artifacts"]:
             lines.append(f"    {artifact['layer']:<8} {artifact['name']}")
             lines.append(f"             {artifact['url']}")
-            lines.append(f"             sha256 {artifact['sha256']}  ({artifact['sha256_source']})")
+            lines.append(f"             sha256 {artifact['sha256']}  ({sha256_note(artifact)})")
         lines.extend(f"  warning: {warning}" for warning in item["warnings"])
     for group in plan["capacity"]:
         lines.append("")

@@ -31,11 +31,11 @@ from typing import IO, Any
 from gpufleet import __version__, exit_codes, mirror_manifest
 from gpufleet.digests import sha256_file
 from gpufleet.errors import GpufleetError
+from gpufleet.fleet_plan import PLACEHOLDER_SHA256
 from gpufleet.mirror_manifest import PARTIAL_SUFFIX, Entry
 
 MODEL_KIND = "model"  # --upstream-override model=BASEURL: another Hub endpoint (HF_ENDPOINT's)
 STAGING_DIR = ".gpufleet-staging"
-PLACEHOLDER_SHA256 = "0" * 64
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 PIN_SOURCE = "inventory (model_store_models sha256)"

@@ -39,8 +39,6 @@ from gpufleet.mirror_manifest import PARTIAL_SUFFIX, TRUST_ON_FIRST_DOWNLOAD, En
 from gpufleet.mirror_models import MODEL_KIND, ModelFailure, ModelNeeded
 
 UPSTREAMS_FILE = PROJECT_ROOT / "data" / "mirror" / "upstreams.csv"
-# The example inventory's "write yours here" value: not a checksum of anything.
-PLACEHOLDER_SHA256 = "0" * 64
 CHUNK = 64 * 1024
 TIMEOUT_SECONDS = 60.0
 # A driver runfile's architecture -> the one NVIDIA's fabric manager archives are named by.
@@ -180,7 +178,7 @@ def needs_from_plans(plans: list[fleet_plan.HostPlan], fabric_manager: bool = Fa
 
 def artifact_needed(artifact: dict[str, Any], index_url: str) -> Needed:
     sha256 = str(artifact["sha256"]).lower()
-    placeholder = sha256 == PLACEHOLDER_SHA256
+    placeholder = sha256 == fleet_plan.PLACEHOLDER_SHA256
     path = mirror_path(str(artifact["url"]))
     return Needed(
         path=path,

@@ -50,6 +50,11 @@ def test_the_example_inventory_plans_two_gpu_classes() -> None:
     assert "sha256 228f6bcaf5b7618d032939f431914fc92d0e5ed39ebe37098a24502f26a19797" in out
     assert "python     3.12.13 (declared 3.12)" in out
     assert "https://mirror.example.internal/gpufleet/sdists/flash_attn-2.8.3.tar.gz" in out
+    # The driver runfile's placeholder pin is named as one, with where its real sha256 comes from (issue 35).
+    assert (
+        "sha256 " + "0" * 64 + "  (inventory (gpufleet_artifact_sha256): a PLACEHOLDER, not a checksum; the nodes "
+        "would refuse the file: `gpufleet mirror sync` fetches it and prints its sha256 to pin)"
+    ) in out
 
 
 def test_the_example_plan_shows_each_instance_s_capacity() -> None:
