@@ -5,7 +5,7 @@ credentials (the result goes into the run's job events) and nothing else of the 
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_urls import url_without_credentials
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.urls import url_without_credentials
 
 DOCUMENTATION = r"""
 name: mirror_models

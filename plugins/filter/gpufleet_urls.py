@@ -4,7 +4,7 @@ and password before the host, and without the query and fragment, where presigne
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.urls import url_without_credentials
 
 DOCUMENTATION = r"""
 name: url_without_credentials
@@ -28,14 +28,6 @@ _value:
   description: The URL without user information, query and fragment.
   type: str
 """
-
-
-def url_without_credentials(text: str) -> str:
-    parts = urlsplit(str(text))
-    if not parts.scheme or not parts.netloc:
-        return str(text)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 class FilterModule(object):
