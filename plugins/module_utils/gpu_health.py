@@ -13,8 +13,10 @@ the application (a program's own fault, the GPU is fine) are XID_APPLICATION_ERR
 from __future__ import annotations
 
 import json
+import os
 import re
-from typing import Any, Iterable
+import shutil
+from typing import Any, Callable, Iterable
 
 XID_PATTERN = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+), ?(?P<detail>.*)")
 # A boot banner in a kernel log file that spans several boots (rsyslog's /var/log/kern.log): what follows the
@@ -44,6 +46,37 @@ XID_MEANING = {
 
 # DCGM levels: 1 takes seconds (a readiness gate), 2 about two minutes, 3 about fifteen.
 DCGM_LEVELS = (1, 2, 3, 4)
+
+
+# journalctl, dmesg and dcgmi live in sbin directories on some systems, which a module's PATH may lack.
+SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+# A read-only command with a fixed locale: argv -> (rc, stdout, stderr).
+Runner = Callable[[list], "tuple[int, str, str]"]
+
+
+def read_kernel_log(source: str, run: Runner) -> tuple[list[str], str | None]:
+    """This boot's kernel log lines (the journal's, or a file's), or ([], why) when they cannot be read."""
+    if source != "journal":
+        try:
+            with open(source, encoding="utf-8", errors="replace") as stream:
+                return kernel_log_this_boot(stream), None
+        except OSError as error:
+            return [], "cannot read %s: %s" % (source, error)
+    journalctl = shutil.which("journalctl", path=SEARCH_PATH)
+    command = [journalctl, "-k", "-b", "0", "-o", "short-iso", "--no-pager", "-q"] if journalctl else ["dmesg"]
+    rc, out, err = run(command)
+    if rc != 0:
+        return [], "%s exited %d: %s" % (command[0], rc, err.strip())
+    return out.splitlines(), None
+
+
+def run_dcgm(level: int, run: Runner) -> dict[str, Any]:
+    """`dcgmi diag -r LEVEL` where DCGM is installed and the level is not 0: whether it ran, and what it said."""
+    dcgmi = shutil.which("dcgmi", path=SEARCH_PATH)
+    if level == 0 or not dcgmi:
+        return {"ran": False, "level": level, "rc": None, "output": ""}
+    rc, out, err = run([dcgmi, "diag", "-r", str(level)])
+    return {"ran": True, "level": level, "rc": rc, "output": out + err}
 
 
 def kernel_log_this_boot(lines: Iterable[str]) -> list[str]:

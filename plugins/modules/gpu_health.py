@@ -95,9 +95,10 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpu_health import (
     dcgm_problems,
-    kernel_log_this_boot,
     nvml_problems,
     parse_xids,
+    read_kernel_log,
+    run_dcgm,
     xid_problems,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import NvmlError, code_name, read_gpu_state
@@ -113,34 +114,6 @@ ARGUMENT_SPEC: dict[str, Any] = {
 C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
 
 
-def read_kernel_log(module: AnsibleModule, source: str) -> tuple[list[str], str | None]:
-    """This boot's kernel log lines, or ([], why) when they cannot be read."""
-    if source != "journal":
-        try:
-            with open(source, encoding="utf-8", errors="replace") as stream:
-                return kernel_log_this_boot(stream), None
-        except OSError as error:
-            return [], "cannot read %s: %s" % (source, error)
-    journalctl = module.get_bin_path("journalctl")
-    command = (
-        [journalctl, "-k", "-b", "0", "-o", "short-iso", "--no-pager", "-q"]
-        if journalctl
-        else [module.get_bin_path("dmesg", required=True)]
-    )
-    rc, out, err = module.run_command(command, environ_update=C_LOCALE)
-    if rc != 0:
-        return [], "%s exited %d: %s" % (command[0], rc, err.strip())
-    return out.splitlines(), None
-
-
-def run_dcgm(module: AnsibleModule, level: int) -> dict[str, Any]:
-    dcgmi = module.get_bin_path("dcgmi")
-    if level == 0 or not dcgmi:
-        return {"ran": False, "level": level, "rc": None, "output": ""}
-    rc, out, err = module.run_command([dcgmi, "diag", "-r", str(level)], environ_update=C_LOCALE)
-    return {"ran": True, "level": level, "rc": rc, "output": out + err}
-
-
 def nvml_state(library: str | None, ecc_errors_max: int) -> list[dict[str, Any]]:
     """NVML's problems; a driver NVML cannot reach is itself the problem."""
     try:
@@ -153,11 +126,15 @@ def nvml_state(library: str | None, ecc_errors_max: int) -> list[dict[str, Any]]
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
-    lines, kernel_log_error = read_kernel_log(module, params["kernel_log"])
+
+    def run(argv: list) -> tuple:
+        return module.run_command(argv, environ_update=C_LOCALE)
+
+    lines, kernel_log_error = read_kernel_log(params["kernel_log"], run)
     xids = parse_xids(lines)
     problems = nvml_state(params["library"], params["ecc_errors_max"])
     problems += xid_problems(xids, params["xid_ignore"])
-    dcgm = run_dcgm(module, params["dcgm_level"])
+    dcgm = run_dcgm(params["dcgm_level"], run)
     if dcgm["ran"]:
         problems += dcgm_problems(dcgm["rc"], dcgm["output"], params["dcgm_level"])
     result = {
