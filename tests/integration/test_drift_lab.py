@@ -346,9 +346,14 @@ def test_a_full_rebuild_takes_the_node_back_and_leaves_the_other_alone(
     venv_in_service = sh(inventory, tampered, "readlink /opt/gpufleet/venvs/current")[1].strip()
     rc, before = sh(inventory, tampered, installed)
     assert rc == 0, before
-    # A damaged weight file of its own, whatever the tests before left (the rebuild of the drifted layers repairs the
-    # tamper test's): only staging the model again from its tarball repairs it.
-    rc, text = sh(inventory, tampered, f"printf 'garbage' >> {MODELS}/tiny-qwen2/model.safetensors")
+    # Damage of its own, whatever the tests before left (the rebuild of the drifted layers repairs the tamper
+    # test's): a weight file that only staging the model again from its tarball repairs, and another driver's
+    # module loaded, which the reinstalled driver can only replace at a reboot.
+    rc, text = sh(
+        inventory,
+        tampered,
+        f"printf 'garbage' >> {MODELS}/tiny-qwen2/model.safetensors && {SIMGPUCTL} driver-version 570.133.20",
+    )
     assert rc == 0, text
 
     result = gpufleet(
