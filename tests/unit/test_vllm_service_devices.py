@@ -232,7 +232,11 @@ def test_every_instance_runs_as_a_user_of_its_own_with_the_models_through_the_gr
         "CacheDirectory=vllm/%i",
         "WorkingDirectory=%C/vllm/%i",
         "Environment=HOME=%C/vllm/%i",
+        "Environment=TORCHINDUCTOR_CACHE_DIR=%C/vllm/%i/.cache/torchinductor",
+        "Environment=TRITON_CACHE_DIR=%C/vllm/%i/.cache/triton",
     ]
+    # Compiled kernels load from there: systemd 257 mounts a DynamicUser's cache directory noexec otherwise.
+    assert "ExecPaths=%C/vllm/%i" in unit
 
 
 def test_instance_memory_limit_is_its_share_of_the_node_unless_overridden() -> None:
