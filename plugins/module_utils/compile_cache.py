@@ -209,12 +209,16 @@ def pack(home: str, key: str, components: dict[str, Any], archive: str) -> dict[
                     continue  # a lock file's link or a socket: nothing a start needs
                 tar.add(path, arcname="cache/" + os.path.relpath(path, root), recursive=False, filter=_normalized)
     os.replace(partial, archive)
-    return {
+    packed = {
         "archive": archive,
         "sha256": sha256_file(archive),
         "size": os.path.getsize(archive),
         "directories": directories,
     }
+    # The home holds this key's caches now, as a node that installed the archive does: nothing to install there.
+    owner = os.stat(home)
+    write_marker(home, {"key": key, "sha256": packed["sha256"], "directories": directories}, owner.st_uid, owner.st_gid)
+    return packed
 
 
 def _check_member(member: tarfile.TarInfo) -> None:

@@ -128,6 +128,12 @@ def test_packing_the_same_caches_gives_the_same_bytes_and_an_install_puts_them_i
         names = tar.getnames()
     assert names[0] == compile_cache.KEY_MEMBER and not any("pip" in name for name in names)
 
+    # The node that packed holds that key's caches: a later start there installs nothing.
+    assert compile_cache.read_marker(str(built)) == {
+        "key": "k1",
+        "sha256": first["sha256"],
+        "directories": first["directories"],
+    }
     fresh.mkdir()
     assert compile_cache.install(str(tmp_path / "a.tar"), first["sha256"], "k1", str(fresh)) == first["directories"]
     assert (fresh / ".cache" / "flashinfer" / "jit" / "artifact").read_text() == "flashinfer/jit: compiled"
