@@ -28,8 +28,8 @@ import yaml
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.vllm_start import start_phases  # noqa: E402
-from gpufleet.inventory import inventory_hosts  # noqa: E402
+from gpufleet.inventory import inventory_hosts  # noqa: E402  (gpufleet puts the collection on the path)
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.vllm_start import start_phases  # noqa: E402  isort: skip
 
 BIN = Path(sys.executable).parent
 HOMES = "/var/cache/private/vllm"
@@ -40,7 +40,7 @@ set -eu
 instance=$1 wipe=$2
 home={homes}/$instance
 dropin=/etc/systemd/system/vllm@$instance.service.d/gpufleet.conf
-port=$(grep -o '"--port" "[0-9]*"' $dropin | grep -o '[0-9]*$')
+port=$(grep -o '"--port" "[0-9]*"' $dropin | grep -o '[0-9][0-9]*')
 name=$(grep -o '"--served-model-name" "[^"]*"' $dropin | cut -d'"' -f4)
 key=$(sed -n 's/^VLLM_API_KEY=//p' /etc/vllm/$instance.env | tr -d '"')
 systemctl stop vllm@$instance
@@ -49,10 +49,12 @@ if [ "$wipe" = yes ]; then
     rm -f "$home/.gpufleet-compile-cache.json"
 fi
 cursor=$(journalctl -u vllm@$instance -n 0 --show-cursor -o cat | sed -n 's/^-- cursor: //p')
+# Deliberate starts, as the role's: a fresh start-limit count (the benchmark restarts more often than systemd allows).
+systemctl reset-failed vllm@$instance
 t0=$(date +%s.%N)
 systemctl start vllm@$instance
 until curl -sf -o /dev/null http://127.0.0.1:$port/health; do
-    systemctl is-failed -q vllm@$instance && { echo "vllm@$instance failed" >&2; exit 1; }
+    if systemctl is-failed -q vllm@$instance; then echo "vllm@$instance failed" >&2; exit 1; fi
     sleep 0.2
 done
 t1=$(date +%s.%N)
