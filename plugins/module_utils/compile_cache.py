@@ -68,8 +68,8 @@ def python_version(venv: str) -> str:
     try:
         with open(os.path.join(venv, "pyvenv.cfg"), encoding="utf-8") as handle:
             for line in handle:
-                key, _, value = line.partition("=")
-                if key.strip() in ("version", "version_info"):
+                key, separator, value = line.partition("=")
+                if separator and key.strip() in ("version", "version_info"):
                     return value.strip()
     except OSError as error:
         raise CompileCacheError(f"cannot read {venv}/pyvenv.cfg: {error.strerror}") from error
@@ -80,8 +80,8 @@ def cpu_identity(cpuinfo: str) -> dict[str, Any]:
     """The CPU's architecture and the instruction sets among those code generation depends on."""
     flags: set[str] = set()
     for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
+        key, separator, value = line.partition(":")
+        if separator and key.strip() in ("flags", "Features"):
             flags.update(value.split())
             break
     return {"machine": os.uname().machine, "flags": [flag for flag in _CPU_FLAGS if flag in flags]}

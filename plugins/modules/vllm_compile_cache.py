@@ -139,7 +139,8 @@ def compiler_versions(module: AnsibleModule) -> dict[str, str]:
     versions = {}
     for compiler in ("cc", "c++"):
         path = module.get_bin_path(compiler)
-        rc, out, _ = module.run_command([path, "--version"]) if path else (1, "", "")
+        answer = module.run_command([path, "--version"]) if path else (1, "", "")
+        rc, out = answer[0], answer[1]
         versions[compiler] = out.splitlines()[0].strip() if rc == 0 and out else ""
     return versions
 
