@@ -66,9 +66,10 @@ journalctl -u vllm@$instance --after-cursor "$cursor" -o cat --no-pager
 """
 
 
-def ansible(inventory: Path, host: str, module: str, args: str) -> str:
+def ansible(inventory: Path, host: str, module: str, args: str, one_line: bool = True) -> str:
+    """The module's output on HOST (one line per host unless ONE_LINE is false); exits when it fails."""
     result = subprocess.run(
-        [str(BIN / "ansible"), "-i", str(inventory), host, "-m", module, "-a", args, "-o"],
+        [str(BIN / "ansible"), "-i", str(inventory), host, "-m", module, "-a", args] + (["-o"] if one_line else []),
         capture_output=True,
         text=True,
         check=False,
@@ -86,25 +87,8 @@ def run_on(inventory: Path, host: str, script: str, *arguments: str) -> str:
     remote = f"/var/tmp/gpufleet-bench-{Path(handle.name).name}"
     ansible(inventory, host, "ansible.builtin.copy", f"src={handle.name} dest={remote} mode=0700")
     Path(handle.name).unlink()
-    result = subprocess.run(
-        [
-            str(BIN / "ansible"),
-            "-i",
-            str(inventory),
-            host,
-            "-m",
-            "ansible.builtin.raw",
-            "-a",
-            f"bash {remote} {' '.join(arguments)}; rc=$?; rm -f {remote}; exit $rc",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=PROJECT_ROOT,
-    )
-    if result.returncode != 0:
-        sys.exit(f"the start on {host} failed:\n{result.stdout[-4000:]}{result.stderr[-2000:]}")
-    return result.stdout
+    command = f"bash {remote} {' '.join(arguments)}; rc=$?; rm -f {remote}; exit $rc"
+    return ansible(inventory, host, "ansible.builtin.raw", command, one_line=False)
 
 
 def serve(inventory: Path, hosts: list[str], extra_vars: Path | None) -> None:
