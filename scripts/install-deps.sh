@@ -13,6 +13,7 @@ packages=(
   openssl            # the lab CA and host certificates
   haproxy            # the lab's load balancer in front of the hosts' proxies (gpufleet/lab/balancer.py)
   chromium           # headless: tests/unit/test_report_html.py screenshots `gpufleet drift --html`'s page
+  ninja-build        # tests/unit/test_compile_cache.py: a shipped flashinfer-style JIT cache that ninja finds up to date
 )
 
 # Some tests fetch a package file with `apt-get download`: that needs package lists, even when nothing is missing.

@@ -16,6 +16,13 @@
 # The instance declares one environment variable, PATH (below: the role's env file sets none). It writes only
 # under a temporary directory and OUTDIR, and stops vLLM at the end.
 #   usage: [GPUS=0,1] scripts/verify-local-vllm.sh WHEELHOUSE OUTDIR [BASE_PYTHON]
+# TIME_TO_SERVING=1: after the first (cold) start, two more, timed like it (healthy, then the first completion):
+# a restart on the caches the first left in the instance's home, and a start in an empty home at the same path (the
+# built one moved aside), as a second node of the fleet has it, given those caches packed, verified and installed by
+# the vllm_service role's compile-cache code; each start's phases are read from vLLM's log with
+# plugin_utils/vllm_start.py into OUTDIR/time-to-serving.json (issue 33's figures). The same path matters: vLLM's
+# compile-cache hash and flashinfer's JIT builds depend on the home's path (seen on an H100: both built again in a
+# home of another path).
 # GPUS (default 0): the instance's GPU indexes; with more than one, tensor_parallel_size is their count and NCCL
 # logs its set-up (NCCL_DEBUG=INFO: the interface its bootstrap and socket transport use, the P2P paths).
 # WHEELHOUSE holds the wheels of tests/fixtures/h200-real/vllm_wheelhouse.txt that BASE_PYTHON lacks
@@ -196,7 +203,9 @@ from pathlib import Path
 dropin, envfile, home, work = sys.argv[1:5]
 lines = [line for line in Path(dropin).read_text().splitlines() if line.startswith("ExecStart=") and line != "ExecStart="]
 argv = [re.sub(r"([%$])\1", r"\1", word) for word in shlex.split(lines[-1][len("ExecStart="):])]
-env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home}
+# The unit's own Environment= lines: the home, and Inductor's and Triton's caches inside it.
+env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home,
+       "TORCHINDUCTOR_CACHE_DIR": f"{home}/.cache/torchinductor", "TRITON_CACHE_DIR": f"{home}/.cache/triton"}
 for line in Path(envfile).read_text().splitlines():
     if line.strip() and not line.lstrip().startswith("#"):
         key, _, value = line.partition("=")
@@ -213,24 +222,38 @@ for name in NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NV
 done
 
 # --- 4. vLLM, probed ---------------------------------------------------------------------------------------
-echo "=== vllm: env -i <${#service_env[@]} variables> ${argv[*]}"
-started="$(date +%s.%N)"
-(cd "$home" && exec setsid env -i "${service_env[@]}" "${argv[@]}") >"$outdir/vllm.log" 2>&1 &
-vllm_pid=$!
-"${ansible_local[@]}" -m gpufleet.fleet.openai_probe \
-  -a "{\"url\": \"http://127.0.0.1:$port\", \"api_key\": \"$api_key\", \"health_timeout\": 900, \"health_interval\": 1, \"expect_models\": [\"$instance\"]}" \
-  >"$outdir/health.txt" 2>&1 &
-probe_pid=$!
-# A server that dies is not waited for until the probe's timeout.
-while kill -0 "$probe_pid" 2>/dev/null; do
-  kill -0 "$vllm_pid" 2>/dev/null || { kill "$probe_pid"; echo "vLLM exited before it was healthy"; }
-  sleep 1
-done
-wait "$probe_pid"; health_rc=$?
-healthy="$(date +%s.%N)"
-echo "rc=$health_rc since_start_s=$("$python" -c "print(round($healthy - $started, 2))")" >>"$outdir/health.txt"
-cat "$outdir/health.txt"
-if [ "$health_rc" -ne 0 ]; then tail -n 80 "$outdir/vllm.log"; exit 1; fi
+auth=(-H "Authorization: Bearer $api_key" -H 'Content-Type: application/json')
+# start_vllm NAME HOME: vLLM started as the unit would with HOME as the instance's home, waited for until healthy
+# (NAME-health.txt), then one completion timed from its request (NAME-first-completion.txt); vLLM's own output is
+# in NAME.log.
+start_vllm() {
+  local name="$1" start_home="$2" env_here=() variable
+  for variable in "${service_env[@]}"; do env_here+=("${variable//$home/$start_home}"); done
+  echo "=== $name: env -i <${#env_here[@]} variables> ${argv[*]} (home $start_home)"
+  local started; started="$(date +%s.%N)"
+  (cd "$start_home" && exec setsid env -i "${env_here[@]}" "${argv[@]}") >"$outdir/$name.log" 2>&1 &
+  vllm_pid=$!
+  "${ansible_local[@]}" -m gpufleet.fleet.openai_probe \
+    -a "{\"url\": \"http://127.0.0.1:$port\", \"api_key\": \"$api_key\", \"health_timeout\": 900, \"health_interval\": 1, \"expect_models\": [\"$instance\"]}" \
+    >"$outdir/$name-health.txt" 2>&1 &
+  local probe_pid=$!
+  # A server that dies is not waited for until the probe's timeout.
+  while kill -0 "$probe_pid" 2>/dev/null; do
+    kill -0 "$vllm_pid" 2>/dev/null || { kill "$probe_pid"; echo "vLLM exited before it was healthy"; }
+    sleep 1
+  done
+  wait "$probe_pid"; local health_rc=$?
+  local healthy; healthy="$(date +%s.%N)"
+  echo "rc=$health_rc since_start_s=$("$python" -c "print(round($healthy - $started, 2))")" >>"$outdir/$name-health.txt"
+  cat "$outdir/$name-health.txt"
+  if [ "$health_rc" -ne 0 ]; then tail -n 80 "$outdir/$name.log"; return 1; fi
+  curl -sS -o /dev/null -w 'http=%{http_code} first_completion_s=%{time_total}\n' "${auth[@]}" \
+    "http://127.0.0.1:$port/v1/completions" \
+    -d "{\"model\": \"$instance\", \"prompt\": \"hello world\", \"max_tokens\": 8, \"temperature\": 0}" \
+    | tee "$outdir/$name-first-completion.txt"
+}
+start_vllm vllm "$home" || exit 1
+cp "$outdir/vllm-health.txt" "$outdir/health.txt"
 
 run torch_stack_info "${ansible_local[@]}" -m gpufleet.fleet.torch_stack_info \
   -a "{\"venv\": \"$venv\", \"gpu_compute\": true, \"import_check\": [\"vllm._C_stable_libtorch\", \"vllm.vllm_flash_attn._vllm_fa3_C\", \"vllm.cumem_allocator\"]}"
@@ -251,7 +274,6 @@ run nvidia-smi-apps nvidia-smi --query-compute-apps=pid,process_name,used_memory
 run nvidia-smi-memory nvidia-smi --query-gpu=memory.used,memory.total,memory.reserved --format=csv
 
 # Raw answers, for the unit tests that hold the probe's parsing to what vLLM really sends.
-auth=(-H "Authorization: Bearer $api_key" -H 'Content-Type: application/json')
 curl -sS "${auth[@]}" "http://127.0.0.1:$port/v1/models" >"$outdir/response-models.json"
 curl -sS "${auth[@]}" "http://127.0.0.1:$port/v1/completions" \
   -d "{\"model\": \"$instance\", \"prompt\": \"hello world\", \"max_tokens\": 8, \"temperature\": 0}" \
@@ -310,4 +332,53 @@ print(json.dumps({
     "gpu_memory_used_share": [round(u / t, 4) for u, t in zip(used, total)],
     "gpu_memory_utilization": share, "kv_cache_gib": float(kv.group(1)) if kv else None, "nccl": nccl,
 }, indent=1))
+PY
+
+# --- 5. time to serving (TIME_TO_SERVING=1) ---------------------------------------------------------------
+[ "${TIME_TO_SERVING:-0}" = 1 ] || exit 0
+start_vllm vllm-restart "$home" || exit 1
+stop_vllm
+# The role's pack on the node that built the caches, its verify-and-install on a second node: here the built home
+# is moved aside and an empty one made at its path.
+run compile-cache-ship env PYTHONPATH="$repo/collections" "$python" - "$home" "$work/compile-cache.tar" <<'PY' || exit 1
+import json
+import os
+import sys
+
+import torch
+import vllm
+
+from ansible_collections.gpufleet.fleet.plugins.module_utils import compile_cache
+
+home, archive = sys.argv[1:3]
+components = {"torch": torch.__version__, "vllm": vllm.__version__, "gpu": torch.cuda.get_device_name(0)}
+key = compile_cache.cache_key(components)
+packed = compile_cache.pack(home, key, components, archive)
+os.rename(home, home + "-built")
+os.mkdir(home)
+installed = compile_cache.install(packed["archive"], packed["sha256"], key, home)
+print(json.dumps({"key": key, "sha256": packed["sha256"], "size": packed["size"], "installed": installed}))
+PY
+start_vllm vllm-shipped "$home" || exit 1
+stop_vllm
+PYTHONPATH="$repo/collections" "$python" - "$outdir" <<'PY' | tee "$outdir/time-to-serving.json"
+import json
+import re
+import sys
+from pathlib import Path
+
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.vllm_start import start_phases
+
+outdir = Path(sys.argv[1])
+shipped = json.loads((outdir / "compile-cache-ship.txt").read_text().split("\nrc=")[0].strip().splitlines()[-1])
+starts = {}
+for label, name in (("(a) cold", "vllm"), ("(b) restart", "vllm-restart"), ("(c) shipped", "vllm-shipped")):
+    health = (outdir / f"{name}-health.txt").read_text()
+    completion = (outdir / f"{name}-first-completion.txt").read_text()
+    healthy = float(re.search(r"since_start_s=([0-9.]+)", health).group(1))
+    first = float(re.search(r"first_completion_s=([0-9.]+)", completion).group(1))
+    starts[label] = {"healthy_s": healthy, "first_completion_s": round(healthy + first, 2),
+                     "phases": start_phases((outdir / f"{name}.log").read_text(errors="replace")).as_dict()}
+ratio = starts["(c) shipped"]["healthy_s"] / starts["(b) restart"]["healthy_s"]
+print(json.dumps({"shipped_cache": shipped, "starts": starts, "shipped_over_restart": round(ratio, 3)}, indent=1))
 PY

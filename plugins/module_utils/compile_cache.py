@@ -24,6 +24,7 @@ import re
 import shutil
 import tarfile
 import tempfile
+import time
 from typing import Any, Iterable
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.digests import sha256_file
@@ -121,14 +122,20 @@ def key_components(
     instance: dict[str, Any],
     gpus: list[dict[str, Any]],
     cpuinfo: str,
+    home: str,
     compilers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """What a cache built on one node depends on; two nodes with equal components can share it.
 
+    HOME: the instance's home. vLLM's compile-cache hash and flashinfer's JIT builds (absolute paths in their ninja
+    files) depend on where the caches live: on an H100 a cache installed in a home of another path was compiled
+    and built again. Every node gives an instance the same home (its name under systemd's cache directory), so
+    the path keys the instance's name in, not the node.
     COMPILERS: the first line of `cc --version` and `c++ --version`. Inductor and Triton build C and C++ code with
     them and key their own caches by them: a cache built with another compiler is compiled again (seen on the lab:
     Debian 12's gcc 12 and Debian 13's gcc 14 share no Inductor entry)."""
     return {
+        "home": home,
         "distributions": distributions(venv),
         "python": python_version(venv),
         "gpus": [{"name": gpu.get("name"), "compute_capability": gpu.get("compute_capability")} for gpu in gpus],
@@ -285,7 +292,9 @@ def install(archive: str, sha256: str, key: str, home: str) -> list[str]:
             for member in members[1:]:
                 tar.extract(member, staging, set_attrs=False)
         unpacked = [name for name in CACHE_DIRECTORIES if os.path.isdir(os.path.join(staging, "cache", name))]
+        installed_at = time.time_ns()
         for name in unpacked:
+            _touch_tree(os.path.join(staging, "cache", name), installed_at)
             _chown_tree(os.path.join(staging, "cache", name), owner.st_uid, owner.st_gid)
             target = os.path.join(root, name)
             if os.path.lexists(target):
@@ -297,6 +306,65 @@ def install(archive: str, sha256: str, key: str, home: str) -> list[str]:
         shutil.rmtree(staging, ignore_errors=True)
     write_marker(home, {"key": key, "sha256": sha256, "directories": unpacked}, owner.st_uid, owner.st_gid)
     return unpacked
+
+
+def _touch_tree(top: str, mtime_ns: int) -> None:
+    """Give every file of TOP one time, newer than this node's venv, and rebase ninja's logs to it.
+
+    flashinfer runs ninja before it loads a JIT-built kernel; ninja builds again when an output is older than an
+    input (the venv's sources, installed on this node after the cache was built elsewhere) or than the time its
+    logs recorded for that output. One time for outputs, generated sources and logs alike is up to date."""
+    for directory, _, files in os.walk(top):
+        for name in files:
+            path = os.path.join(directory, name)
+            if name == ".ninja_log":
+                _rebase_ninja_log(path, mtime_ns)
+            elif name == ".ninja_deps":
+                _rebase_ninja_deps(path, mtime_ns)
+            os.utime(path, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+
+
+def _recorded_time(recorded: int, mtime_ns: int) -> int:
+    # ninja 1.10 and later record nanoseconds, earlier ones seconds.
+    return mtime_ns if recorded > 10**12 else mtime_ns // 10**9
+
+
+def _rebase_ninja_log(path: str, mtime_ns: int) -> None:
+    """Set the output time of every entry of a .ninja_log (tab-separated: start, end, mtime, output, hash)."""
+    with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+        lines = handle.read().splitlines()
+    rebased = []
+    for line in lines:
+        fields = line.split("\t")
+        if len(fields) == 5 and fields[2].isdigit():
+            fields[2] = str(_recorded_time(int(fields[2]), mtime_ns))
+        rebased.append("\t".join(fields))
+    with open(path, "w", encoding="utf-8", errors="surrogateescape") as handle:
+        handle.write("".join(line + "\n" for line in rebased))
+
+
+_DEPS_HEADER = b"# ninjadeps\n"
+
+
+def _rebase_ninja_deps(path: str, mtime_ns: int) -> None:
+    """Set the output time of every record of a .ninja_deps (format 4: a 64-bit time after each output's id).
+
+    A log of another format is left as it is: ninja then builds again, which is slow but right."""
+    with open(path, "rb") as handle:
+        data = bytearray(handle.read())
+    start = len(_DEPS_HEADER) + 4
+    if not data.startswith(_DEPS_HEADER) or int.from_bytes(data[len(_DEPS_HEADER) : start], "little") != 4:
+        return
+    offset = start
+    while offset + 4 <= len(data):
+        header = int.from_bytes(data[offset : offset + 4], "little")
+        size = header & 0x7FFFFFFF
+        if header & 0x80000000 and size >= 12:
+            recorded = int.from_bytes(data[offset + 8 : offset + 16], "little")
+            data[offset + 8 : offset + 16] = _recorded_time(recorded, mtime_ns).to_bytes(8, "little")
+        offset += 4 + size
+    with open(path, "wb") as handle:
+        handle.write(data)
 
 
 def _chown_tree(top: str, uid: int, gid: int) -> None:

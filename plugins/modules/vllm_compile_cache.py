@@ -11,13 +11,16 @@ short_description: Key, pack or install the compile and JIT caches of one vLLM i
 description:
   - "The caches vLLM and its kernels keep in the instance's home (C(~/.cache/vllm), C(torchinductor), C(triton),
     C(flashinfer)) are the same on every node with the same key: the venv's distributions and Python, the GPUs'
-    names and compute capabilities (or the CPU's instruction sets), the model's C(config.json) and path, and the
-    instance's options less those that only place it on its node."
+    names and compute capabilities (or the CPU's instruction sets), the model's C(config.json) and path, the
+    instance's home (vLLM's compile-cache hash and flashinfer's ninja files hold its path), and the instance's
+    options less those that only place it on its node."
   - C(state=key) computes the key and reads which cache the home holds (the marker an install writes). Read-only.
   - C(state=packed) writes the home's caches to O(archive) (tar, the key record first, owners and times zeroed)
     and returns its sha256. Run it after the instance served, on the node that built the caches.
   - "C(state=installed) verifies O(archive) (its sha256 and the key it was built for) and only then replaces the
-    home's caches with it, owned like the home. A cache that fails either check is not installed: the module warns,
+    home's caches with it, owned like the home, every file given the install's time and ninja's logs rebased to it
+    (so that flashinfer's ninja finds its JIT builds newer than this node's venv). A cache that fails either check
+    is not installed: the module warns,
     naming both values, returns RV(refused), changes nothing, and the instance starts cold."
   - "C(state=key) returns an empty RV(key) and RV(reason) where nothing can be keyed (no venv yet, a model without
     C(config.json))."
@@ -170,7 +173,12 @@ def main() -> None:
     p = module.params
     try:
         components = key_components(
-            p["venv"], p["instance"], instance_gpus(p["instance"]), read_cpuinfo(), compiler_versions(module)
+            p["venv"],
+            p["instance"],
+            instance_gpus(p["instance"]),
+            read_cpuinfo(),
+            p["home"],
+            compiler_versions(module),
         )
     except CompileCacheError as error:
         if p["state"] != "key":

@@ -8,7 +8,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import subprocess
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +57,15 @@ def node(tmp_path: Path) -> dict[str, Any]:
     return {"venv": str(venv), "instance": instance, "root": tmp_path}
 
 
-def key(node: dict[str, Any], gpus: list[dict[str, Any]] | None = None, cpuinfo: str = CPUINFO) -> str:
-    return compile_cache.cache_key(compile_cache.key_components(node["venv"], node["instance"], gpus or [], cpuinfo))
+HOME = "/var/cache/private/vllm/main"
+
+
+def key(
+    node: dict[str, Any], gpus: list[dict[str, Any]] | None = None, cpuinfo: str = CPUINFO, home: str = HOME
+) -> str:
+    return compile_cache.cache_key(
+        compile_cache.key_components(node["venv"], node["instance"], gpus or [], cpuinfo, home)
+    )
 
 
 def test_the_key_changes_with_a_wheel_an_option_or_the_architecture(node: dict[str, Any]) -> None:
@@ -70,8 +80,10 @@ def test_the_key_changes_with_a_wheel_an_option_or_the_architecture(node: dict[s
     assert key(two_gpus) != base
     assert key(node, gpus=[{"name": "NVIDIA H200", "compute_capability": "9.0"}]) != base
     assert key(node, cpuinfo="flags\t: fpu sse2 avx avx2\n") != base
+    # vLLM's compile-cache hash and flashinfer's ninja files hold the home's path (another instance's home).
+    assert key(node, home="/var/cache/private/vllm/second") != base
     other_compiler = compile_cache.key_components(
-        node["venv"], node["instance"], [], CPUINFO, {"cc": "gcc (Debian 14.2.0-19) 14.2.0"}
+        node["venv"], node["instance"], [], CPUINFO, HOME, {"cc": "gcc (Debian 14.2.0-19) 14.2.0"}
     )
     assert compile_cache.cache_key(other_compiler) != base
 
@@ -97,7 +109,7 @@ def test_what_only_places_an_instance_on_its_node_leaves_the_key_alone(node: dic
     # New weights of the same architecture compile to the same graphs.
     (Path(node["instance"]["model"]) / "model.safetensors").write_bytes(b"other weights")
     assert key(node) == base
-    assert "secret" not in json.dumps(compile_cache.key_components(node["venv"], elsewhere, [], CPUINFO))
+    assert "secret" not in json.dumps(compile_cache.key_components(node["venv"], elsewhere, [], CPUINFO, HOME))
 
 
 def test_a_venv_with_nothing_installed_cannot_be_keyed(tmp_path: Path) -> None:
@@ -188,3 +200,57 @@ def test_an_archive_that_reaches_outside_the_cache_layout_is_refused(tmp_path: P
     with pytest.raises(CompileCacheError, match="outside the cache layout"):
         compile_cache.install(str(archive), sha256, "k1", str(home))
     assert not (tmp_path / "etc").exists()
+
+
+# flashinfer's JIT layout: one build directory per kernel, a ninja file naming sources in the venv and a header
+# dependency ninja learns from the compiler (deps = gcc, kept in .ninja_deps).
+JIT_NINJA = """ninja_required_version = 1.3
+rule compile
+  command = cc -MMD -MF $out.d -fPIC -I{include} -c $in -o $out
+  depfile = $out.d
+  deps = gcc
+rule link
+  command = cc -shared $in -o $out
+build sampling.o: compile {source}
+build sampling.so: link sampling.o
+default sampling.so
+"""
+
+
+def ninja_plan(build_dir: Path) -> str:
+    """What ninja would do in BUILD_DIR, and why (-n: nothing is run)."""
+    result = subprocess.run(
+        ["ninja", "-C", str(build_dir), "-n", "-d", "explain"], capture_output=True, text=True, check=True
+    )
+    return result.stdout + result.stderr
+
+
+def test_a_shipped_jit_cache_is_up_to_date_for_ninja_on_a_node_whose_venv_is_newer(tmp_path: Path) -> None:
+    venv = tmp_path / "venv" / "flashinfer" / "data"
+    (venv / "include").mkdir(parents=True)
+    (venv / "csrc").mkdir()
+    (venv / "include" / "sampling.h").write_text("int top_p(int);\n")
+    (venv / "csrc" / "sampling.c").write_text('#include "sampling.h"\nint top_p(int x) { return x + 1; }\n')
+    home = tmp_path / "home"
+    build_dir = home / ".cache" / "flashinfer" / "0.6.14" / "90" / "cached_ops" / "sampling"
+    build_dir.mkdir(parents=True)
+    (build_dir / "build.ninja").write_text(
+        JIT_NINJA.format(include=venv / "include", source=venv / "csrc" / "sampling.c")
+    )
+    subprocess.run(["ninja", "-C", str(build_dir)], capture_output=True, check=True)
+    assert "no work to do" in ninja_plan(build_dir)
+    archive = tmp_path / "cache.tar"
+    packed = compile_cache.pack(str(home), "k1", {}, str(archive))
+
+    # A second node: the same home path, empty, and a venv that pip installed after the cache was built (pip gives
+    # every file the time it was installed).
+    shutil.move(home, tmp_path / "built")
+    home.mkdir()
+    installed = time.time_ns()
+    for path in venv.rglob("*"):
+        os.utime(path, ns=(installed, installed))
+    compile_cache.install(str(archive), packed["sha256"], "k1", str(home))
+
+    plan = ninja_plan(build_dir)
+    assert "no work to do" in plan, plan
+    assert (build_dir / "sampling.so").is_file()

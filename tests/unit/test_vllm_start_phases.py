@@ -4,12 +4,14 @@ its own compile cache (tests/fixtures/vllm-start/)."""
 
 from __future__ import annotations
 
+import json
+
 
 import pytest
 
 from gpufleet import PROJECT_ROOT
 
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.vllm_start import last_start, start_phases
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.vllm_start import StartPhases, last_start, start_phases
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures"
 
@@ -87,3 +89,40 @@ def test_lines_that_are_not_vllm_s_own_are_skipped() -> None:
         "compile_cache_dir": None,
         "compile_cache_hit": False,
     }
+
+
+H100 = FIXTURES / "h100-real" / "time-to-serving"
+
+
+def h100(name: str) -> StartPhases:
+    return start_phases((H100 / f"{name}.log").read_text())
+
+
+def test_on_an_h100_a_shipped_cache_starts_like_a_restart_and_flashinfer_s_jit_build_is_skipped() -> None:
+    """scripts/verify-local-vllm.sh with TIME_TO_SERVING=1 (vLLM 0.26.0, torch 2.11.0+cu130): a cold start, a
+    restart on its own caches, a start in an empty home at the same path given those caches by the role's code."""
+    cold, restart, shipped = h100("cold"), h100("restart"), h100("shipped")
+
+    assert cold.compile_cache_hit is False and cold.seconds["graph_compile"] == 8.39
+    # flashinfer's first JIT build of the sampler at warm-up: most of the cold start.
+    assert cold.engine_other == 98.32
+    for warm in (restart, shipped):
+        assert warm.compile_cache_hit is True and "graph_compile" not in warm.seconds
+        assert warm.engine_other is not None and warm.engine_other < 3
+        assert warm.compile_cache_dir == cold.compile_cache_dir
+    figures = json.loads((H100 / "time-to-serving.json").read_text())["starts"]
+    assert figures["(a) cold"]["healthy_s"] == 168.3
+    assert figures["(c) shipped"]["healthy_s"] / figures["(b) restart"]["healthy_s"] < 1.2
+
+
+def test_on_an_h100_a_cache_in_another_home_or_with_ninja_s_logs_as_built_is_built_again() -> None:
+    """The two runs before the fixes: the caches installed in a home of another path (vLLM's compile-cache hash
+    differs, so it compiles again) and at the same path with flashinfer's ninja logs left as the builder wrote them
+    (ninja finds its outputs out of date and flashinfer's JIT build runs again)."""
+    other_home, logs_as_built = h100("shipped-other-home"), h100("shipped-ninja-logs-not-rebased")
+
+    assert other_home.compile_cache_hit is False and other_home.seconds["graph_compile"] == 3.75
+    assert other_home.compile_cache_dir is not None and "/home-shipped/" in other_home.compile_cache_dir
+    assert other_home.engine_other == 89.05
+    assert logs_as_built.compile_cache_hit is True
+    assert logs_as_built.engine_other == 70.2
