@@ -25,9 +25,11 @@ import shutil
 import tarfile
 import tempfile
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.digests import sha256_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import Context, Finding, require
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import NvmlError, read_gpu_state
 
 # The directories of the instance's ~/.cache that hold compiled or JIT-built code.
 CACHE_DIRECTORIES = ("vllm", "torchinductor", "triton", "flashinfer")
@@ -115,6 +117,40 @@ def libc_version() -> str:
         return os.confstr("CS_GNU_LIBC_VERSION") or ""
     except (ValueError, OSError):
         return ""
+
+
+def instance_gpus(instance: dict[str, Any]) -> list[dict[str, Any]]:
+    """Name and compute capability of the instance's GPUs; none where NVML does not answer (a CPU build)."""
+    try:
+        gpus = read_gpu_state()["gpus"]
+    except (NvmlError, OSError):
+        return []
+    wanted = instance.get("gpus") or []
+    return [gpu for gpu in gpus if gpu.get("index") in wanted]
+
+
+def compiler_versions(run: Callable[[list[str]], tuple[int, str, str]]) -> dict[str, str]:
+    """The first line of each C and C++ compiler's --version ('' for one that is not installed)."""
+    versions = {}
+    for compiler in ("cc", "c++"):
+        rc, out, _ = run([compiler, "--version"])
+        versions[compiler] = out.splitlines()[0].strip() if rc == 0 and out else ""
+    return versions
+
+
+def read_cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def node_key_components(
+    venv: str, instance: dict[str, Any], home: str, run: Callable[[list[str]], tuple[int, str, str]]
+) -> dict[str, Any]:
+    """key_components with what this node reads itself: its GPUs (NVML), CPU and compilers."""
+    return key_components(venv, instance, instance_gpus(instance), read_cpuinfo(), home, compiler_versions(run))
 
 
 def key_components(
@@ -378,3 +414,42 @@ def write_marker(home: str, marker: dict[str, Any], uid: int, gid: int) -> None:
         json.dump(marker, handle, sort_keys=True)
     os.lchown(path + ".tmp", uid, gid)
     os.replace(path + ".tmp", path)
+
+
+def in_use(home: str, key: str, published: Iterable[str]) -> str:
+    """Which compile caches an instance's home holds, against KEY (computed on this node now) and the keys whose
+    caches the controller holds (PUBLISHED), in one sentence for drift's report."""
+    marker = read_marker(home) or {}
+    installed = str(marker.get("key", ""))
+    present = present_directories(home) if os.path.isdir(home) else []
+    holds = "the controller holds them" if key in set(published) else "the controller does not hold them yet"
+    if not installed:
+        own = f"its own caches ({', '.join(present)})" if present else "no cache yet"
+        return f"no shipped compile cache, {own}; key {key}: {holds}"
+    sha256 = str(marker.get("sha256", ""))[:16]
+    if installed == key:
+        return f"compile caches of key {key} (archive sha256 {sha256}...)"
+    return (
+        f"compile caches of key {installed} (archive sha256 {sha256}...), but this node's key is now {key} (its "
+        f"wheels, options or model changed): vLLM compiles again at its next start unless the caches of {key} are "
+        f"installed first (the role installs them before it restarts the instance; {holds})"
+    )
+
+
+def check_compile_cache(spec: dict, ctx: Context) -> list[Finding]:
+    """Drift kind `compile_cache`: which compile caches each instance (`instances`: name -> {instance, home}) uses.
+
+    A note, never drift: the role installs a key's caches only before it restarts an instance, and a restart comes
+    from a change that other checks report (the venv, the drop-in); provision changes nothing else here."""
+    require(spec, "venv", "instances")
+    for name, entry in sorted(spec["instances"].items()):
+        try:
+            components = node_key_components(spec["venv"], entry["instance"], entry["home"], ctx.run)
+        except CompileCacheError as error:
+            ctx.notes.append(f"vllm@{name}: compile caches not keyed: {error}")
+            continue
+        ctx.notes.append(f"vllm@{name}: " + in_use(entry["home"], cache_key(components), spec.get("published") or []))
+    return []
+
+
+KINDS = {"compile_cache": check_compile_cache}

@@ -20,6 +20,7 @@ description:
     C(toolkits) and C(ld_cache) (nvidia_runfile, cuda_toolkit), C(pythons) (pyenv_install), C(venv) (pip_lock),
     C(kernels) (kernel_build_key), C(models) (model_store), C(gpu_faults) (gpu_health, XIDs and DCGM's verdict).
     C(foreign) reports configuration the layer did not write that changes its component (drift_foreign).
+    C(compile_cache) notes which compile caches each vLLM instance uses (vllm_compile_cache's key).
   - Read-only; never reports a change. Drift is a result, not a failure; the module fails only on checks it
     cannot understand (a bug in the playbook).
 version_added: "0.1.0"
@@ -183,6 +184,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_checks import
     run_checks,
     validate,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.compile_cache import KINDS as COMPILE_CACHE_KINDS
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_foreign import KINDS as FOREIGN_KINDS
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_gpu_faults import KINDS as GPU_FAULT_KINDS
 from ansible_collections.gpufleet.fleet.plugins.module_utils.drift_stack import KINDS as STACK_KINDS
@@ -201,6 +203,7 @@ def main() -> None:
     register(FOREIGN_KINDS)
     register(GPU_FAULT_KINDS)
     register(RAY_KINDS)
+    register(COMPILE_CACHE_KINDS)
     try:
         checks = validate(module.params["checks"])
     except SpecError as error:

@@ -118,42 +118,12 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.compile_cache impor
     CompileCacheError,
     cache_key,
     install,
-    key_components,
+    node_key_components,
     pack,
     present_directories,
     read_marker,
     verify,
 )
-from ansible_collections.gpufleet.fleet.plugins.module_utils.nvml import NvmlError, read_gpu_state
-
-
-def instance_gpus(instance: dict) -> list[dict]:
-    """Name and compute capability of the instance's GPUs; none where NVML does not answer (a CPU build)."""
-    try:
-        gpus = read_gpu_state()["gpus"]
-    except (NvmlError, OSError):
-        return []
-    wanted = instance.get("gpus") or []
-    return [gpu for gpu in gpus if gpu.get("index") in wanted]
-
-
-def compiler_versions(module: AnsibleModule) -> dict[str, str]:
-    """The first line of each C and C++ compiler's --version ('' for one that is not installed)."""
-    versions = {}
-    for compiler in ("cc", "c++"):
-        path = module.get_bin_path(compiler)
-        answer = module.run_command([path, "--version"]) if path else (1, "", "")
-        rc, out = answer[0], answer[1]
-        versions[compiler] = out.splitlines()[0].strip() if rc == 0 and out else ""
-    return versions
-
-
-def read_cpuinfo() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return ""
 
 
 def main() -> None:
@@ -171,15 +141,16 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        try:
+            # The C locale, as drift's compile_cache check reads the compilers: both key a node alike.
+            return module.run_command(argv, environ_update={"LC_ALL": "C"}, handle_exceptions=False)
+        except OSError as error:
+            return 127, "", str(error)
+
     try:
-        components = key_components(
-            p["venv"],
-            p["instance"],
-            instance_gpus(p["instance"]),
-            read_cpuinfo(),
-            p["home"],
-            compiler_versions(module),
-        )
+        components = node_key_components(p["venv"], p["instance"], p["home"], run)
     except CompileCacheError as error:
         if p["state"] != "key":
             module.fail_json(msg=str(error))

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils import compile_cache
+from ansible_collections.gpufleet.fleet.plugins.module_utils import compile_cache, drift_checks
 from ansible_collections.gpufleet.fleet.plugins.module_utils.compile_cache import CompileCacheError
 
 CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 avx512f avx512_bf16 amx_tile\n"
@@ -254,3 +254,69 @@ def test_a_shipped_jit_cache_is_up_to_date_for_ninja_on_a_node_whose_venv_is_new
     plan = ninja_plan(build_dir)
     assert "no work to do" in plan, plan
     assert (build_dir / "sampling.so").is_file()
+
+
+@pytest.fixture(autouse=True)
+def compile_cache_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """drift_probe registers the kind in its own process; here only for the test, not for the next ones."""
+    monkeypatch.setattr(drift_checks, "KINDS", {**drift_checks.KINDS, **compile_cache.KINDS})
+
+
+def drift_notes(node: dict[str, Any], home: Path, published: list[str]) -> dict[str, Any]:
+    """drift_probe's compile_cache check for one instance, run as the serve layer runs it (this machine's cc)."""
+    spec = {
+        "kind": "compile_cache",
+        "venv": node["venv"],
+        "instances": {"main": {"instance": node["instance"], "home": str(home)}},
+        "published": published,
+    }
+    return drift_checks.run_checks(drift_checks.validate([spec]), drift_checks.Context())
+
+
+def node_key(node: dict[str, Any], home: Path) -> str:
+    return compile_cache.cache_key(
+        compile_cache.node_key_components(node["venv"], node["instance"], str(home), drift_checks.run_process)
+    )
+
+
+def test_drift_notes_which_compile_caches_an_instance_uses_and_never_calls_it_drift(
+    node: dict[str, Any], tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    fill_home(home, "own")
+    current = node_key(node, home)
+
+    cold = drift_notes(node, home, [])
+    assert (cold["status"], cold["drift"], cold["errors"]) == ("ok", [], [])
+    assert cold["notes"] == [
+        f"vllm@main: no shipped compile cache, its own caches (vllm, torchinductor, flashinfer); key {current}: "
+        "the controller does not hold them yet"
+    ]
+
+    packed = compile_cache.pack(str(home), current, {}, str(tmp_path / "cache.tar"))
+    assert drift_notes(node, home, [current])["notes"] == [
+        f"vllm@main: compile caches of key {current} (archive sha256 {packed['sha256'][:16]}...)"
+    ]
+
+    # A newer wheel in the venv: another key, which the controller holds; the home still has the old one's caches.
+    site = next(Path(node["venv"]).glob("lib/python*/site-packages"))
+    (site / "vllm-0.32.0.dist-info").rename(site / "vllm-0.32.1.dist-info")
+    newer = node_key(node, home)
+    changed = drift_notes(node, home, [current, newer])
+    assert changed["drift"] == []
+    assert changed["notes"] == [
+        f"vllm@main: compile caches of key {current} (archive sha256 {packed['sha256'][:16]}...), but this node's key "
+        f"is now {newer} (its wheels, options or model changed): vLLM compiles again at its next start unless the "
+        f"caches of {newer} are installed first (the role installs them before it restarts the instance; the "
+        "controller holds them)"
+    ]
+
+
+def test_drift_notes_an_instance_whose_caches_cannot_be_keyed(node: dict[str, Any], tmp_path: Path) -> None:
+    (Path(node["instance"]["model"]) / "config.json").unlink()
+    result = drift_notes(node, tmp_path / "home", [])
+    assert result["drift"] == [] and result["errors"] == []
+    assert result["notes"] == [
+        f"vllm@main: compile caches not keyed: cannot read {node['instance']['model']}/config.json: "
+        "No such file or directory; is the model staged?"
+    ]
