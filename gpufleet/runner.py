@@ -143,6 +143,20 @@ def host_counters(stats: dict | None) -> dict[str, dict[str, int]]:
     return {host: {key: int((stats.get(key) or {}).get(host, 0)) for key in STAT_KEYS} for host in hosts}
 
 
+# Linux refuses one argument longer than 128 KiB (MAX_ARG_STRLEN: E2BIG, "Argument list too long"); a --limit of
+# about 4,000 host names joined with commas is one. Longer limits go in a file, which Ansible reads as --limit @FILE.
+LIMIT_INLINE_MAX = 16 * 1024
+
+
+def limit_argument(limit: str | None, run_dir: Path) -> str | None:
+    """LIMIT as ansible-playbook takes it: inline, or, when long, @FILE in RUN_DIR with one pattern a line."""
+    if limit is None or len(limit) <= LIMIT_INLINE_MAX:
+        return limit
+    path = run_dir / "limit"
+    path.write_text("".join(pattern + "\n" for pattern in limit.split(",") if pattern))
+    return f"@{path}"
+
+
 def run_playbook(
     playbook: str,
     inventory: Path,
@@ -189,7 +203,7 @@ def run_playbook(
             project_dir=str(PROJECT_ROOT),
             playbook=str(playbook_path),
             inventory=str(inventory.absolute()),  # not resolve(): group_vars sit beside a linked file
-            limit=limit,
+            limit=limit_argument(limit, private_dir),
             tags=tags,
             skip_tags=skip_tags,
             cmdline=cmdline.strip() or None,

@@ -7,7 +7,8 @@ its own.
    13 host this is also the start that failed before the unit allowed code to be loaded from the instance's home
    (systemd 257 mounts a DynamicUser's cache directory noexec).
 2. The same node made fresh (its caches and the record of its start gone) gets the shipped cache before its
-   instance starts, and the start compiles nothing: Inductor's cache holds exactly the archive's files afterwards.
+   instance starts, and the start compiles nothing: Inductor's cache holds exactly the archive's files afterwards;
+   drift's serve layer notes the key of the caches the instance uses.
    (vLLM's CPU build logs no cache hit of its own; on a GPU its "Directly load the compiled graph(s)" lines do.)
 3. (make test-slow) A tampered archive on the controller is refused: the run warns, the instance starts cold and
    serves, and the node publishes what it built in place of the refused archive; a second run changes nothing;
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -51,6 +53,18 @@ def serve(inventory: Path, limit: str, extra_vars: Path | None) -> str:
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     # Ansible's warnings go to stderr.
     return result.stdout + result.stderr
+
+
+def serve_drift(inventory: Path, host: str, extra_vars: Path) -> str:
+    """The serve layer's drift on HOST as declared with EXTRA_VARS; returns the run's output (results as JSON)."""
+    command = [str(BIN / "ansible-playbook"), "-i", str(inventory), "--limit", host, "playbooks/drift.yml", "-v"]
+    command += ["-e", f"@{extra_vars}", "-e", json.dumps({"drift_layers": ["serve"]})]
+    env = dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    return result.stdout
 
 
 def recap_changed(output: str, host: str) -> int:
@@ -146,6 +160,9 @@ def test_a_fresh_node_starts_from_the_shipped_cache_and_compiles_nothing(lab_inv
     assert after.split() == shipped
     phases = start_phases(journal_of_last_start(lab_inventory, host))
     print(f"\ncompile cache {key} on {host}: start from the shipped cache {phases.as_dict()}")
+    # Drift knows which caches the instance uses.
+    drift = serve_drift(lab_inventory, host, compiled["vars"])
+    assert f"vllm@main: compile caches of key {key} (archive sha256 {entry['sha256'][:16]}...)" in drift, drift[-4000:]
 
 
 @pytest.mark.slow
