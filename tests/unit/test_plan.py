@@ -351,3 +351,75 @@ def test_ansible_doc_renders(module):
     )
     assert result.returncode == 0, result.stderr
     assert "EXAMPLES" in result.stdout and "RETURN VALUES" in result.stdout
+
+
+def test_an_unreachable_host_is_left_out_of_preflight_and_the_others_go_on(tmp_path):
+    inventory = host_inventory({"reachable": GOOD_STACK, "unreachable": GOOD_STACK})
+    # Nothing listens on the discard port: ssh fails at once.
+    inventory["all"]["children"]["gpu_nodes"]["hosts"]["unreachable"].update(
+        ansible_connection="ssh",
+        ansible_host="127.0.0.1",
+        ansible_port=9,
+        ansible_ssh_common_args="-o ConnectTimeout=3",
+    )
+
+    result = run_playbook(tmp_path, PROJECT_ROOT / "playbooks" / "preflight.yml", inventory)
+
+    # 4: a host was unreachable; no task failed.
+    assert result.rc == 4, result.results
+    assert set(task_results(result, "Read each host's distribution")) == {"reachable"}
+    refused = task_results(result, "Refuse a release")
+    assert set(refused) == {"reachable"} and not refused["reachable"]["failed"]
+
+    # All or nothing, when the operator asks for it.
+    (tmp_path / "strict").mkdir()
+    all_or_nothing = run_playbook(
+        tmp_path / "strict",
+        PROJECT_ROOT / "playbooks" / "preflight.yml",
+        inventory,
+        "-e gpufleet_any_errors_fatal=true",
+    )
+    assert all_or_nothing.rc != 0
+    assert "Refuse a release that is not in vars/platforms.yml" not in all_or_nothing.results
+
+
+LAYER_PLAYBOOKS = [
+    "base", "driver", "toolkit", "python", "venv", "kernels", "verify", "model", "ray_cluster", "serve", "proxy"
+]  # fmt: skip
+
+
+def failure_plays() -> list[dict]:
+    """One play per layer playbook with that playbook's own failure keywords: host fail-N fails in play N."""
+    plays = []
+    for index, name in enumerate(LAYER_PLAYBOOKS):
+        layer = yaml.safe_load((PROJECT_ROOT / "playbooks" / f"{name}.yml").read_text())[0]
+        keywords = {key: layer[key] for key in ("any_errors_fatal", "max_fail_percentage") if key in layer}
+        plays.append(
+            {
+                "name": f"like {name}",
+                "hosts": "all",
+                "gather_facts": False,
+                **keywords,
+                "tasks": [
+                    {"ansible.builtin.fail": {"msg": "broken"}, "when": f"inventory_hostname == 'fail-{index}'"},
+                    {"name": f"after {name}", "ansible.builtin.debug": {"msg": "went on"}},
+                ],
+            }
+        )
+    return plays
+
+
+@pytest.mark.parametrize("all_or_nothing", [False, True])
+def test_a_failing_node_stops_only_itself_in_every_layer_unless_all_or_nothing(tmp_path, all_or_nothing):
+    playbook = tmp_path / "layers.yml"
+    playbook.write_text(yaml.safe_dump(failure_plays(), sort_keys=False))
+    hosts = {name: {"ansible_connection": "local"} for name in ["healthy"] + [f"fail-{i}" for i in range(11)]}
+    extra = ("-e gpufleet_any_errors_fatal=true",) if all_or_nothing else ()
+
+    result = run_playbook(tmp_path, playbook, {"all": {"hosts": hosts}}, *extra)
+
+    assert result.rc == 2
+    went_on = [name for name in LAYER_PLAYBOOKS if "healthy" in result.results.get(f"after {name}", {})]
+    # Before: each playbook's any_errors_fatal was "{{ gpufleet_any_errors_fatal | default(false) }}", which Ansible
+    # reads untemplated (a non-empty string: true), so the first failing node stopped every node.
+    assert went_on == ([] if all_or_nothing else LAYER_PLAYBOOKS)
