@@ -133,7 +133,7 @@ def compiler_versions(run: Callable[[list[str]], tuple[int, str, str]]) -> dict[
     """The first line of each C and C++ compiler's --version ('' for one that is not installed)."""
     versions = {}
     for compiler in ("cc", "c++"):
-        rc, out, _ = run([compiler, "--version"])
+        rc, out, unused_err = run([compiler, "--version"])
         versions[compiler] = out.splitlines()[0].strip() if rc == 0 and out else ""
     return versions
 
@@ -350,7 +350,7 @@ def _touch_tree(top: str, mtime_ns: int) -> None:
     flashinfer runs ninja before it loads a JIT-built kernel; ninja builds again when an output is older than an
     input (the venv's sources, installed on this node after the cache was built elsewhere) or than the time its
     logs recorded for that output. One time for outputs, generated sources and logs alike is up to date."""
-    for directory, _, files in os.walk(top):
+    for directory, unused_dirs, files in os.walk(top):
         for name in files:
             path = os.path.join(directory, name)
             if name == ".ninja_log":
