@@ -40,6 +40,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 H100_BYTES = int(79.19 * GiB)
 # The project's H200 (tests/fixtures/h200-real/torch_stack_info.json, total_memory_bytes): vLLM's "139.8 GiB".
 H200_BYTES = 150_109_880_320
+# The project's H100 (tests/fixtures/h100-real/, torch's total_memory): vLLM's "79.18 GiB".
+H100_BYTES = 85_017_493_504
 
 
 def shape(name: str, weights: int | None = None) -> ModelShape:
@@ -212,6 +214,30 @@ def test_predict_matches_the_h200_within_a_few_percent() -> None:
     assert abs(estimated.activation_peak_bytes - 0.27 * GiB) < 0.05 * GiB
     # vLLM's defaults on a GPU of 70 GiB or more (not an A100): 8192 batched tokens, 1024 sequences.
     assert (estimated.max_num_batched_tokens, estimated.max_num_seqs) == (8192, 1024)
+
+
+def test_predict_matches_the_h100_within_a_few_percent() -> None:
+    """The same model and vLLM on an H100 (tests/fixtures/h100-real/time-to-serving/cold.log): "Available KV cache
+    memory: 70.69 GiB", "GPU KV cache size: 18,531,200 tokens", "Maximum concurrency for 4,096 tokens per request:
+    4524.22x", having measured "0.26 GiB for peak activation, 0.22 GiB for non-torch memory"."""
+    tiny = tiny_qwen2()
+    page = 2 * 16 * 4 * 64 * 2
+    blocks = 18_531_200 // 16
+    assert predict_fixed_space(tiny, blocks * page * 4, max_model_len=4096).log_lines() == (
+        "GPU KV cache size: 18,531,200 tokens",
+        "Maximum concurrency for 4,096 tokens per request: 4524.22x",
+    )
+    measured = InstanceSettings(
+        gpu_memory_bytes=H100_BYTES,
+        gpu_memory_utilization=0.9,
+        activation_peak_bytes=int(0.26 * GiB),
+        non_torch_bytes=int(0.22 * GiB),
+        cudagraph_memory_profiled=False,
+    )
+    assert abs(predict(tiny, measured).capacity.tokens - 18_531_200) / 18_531_200 < 0.001
+    # With the planner's own estimates of the overheads: within 1%.
+    estimated = predict(tiny, InstanceSettings(gpu_memory_bytes=H100_BYTES, cudagraph_memory_profiled=False))
+    assert abs(estimated.capacity.tokens - 18_531_200) / 18_531_200 < 0.01
 
 
 def test_fixed_space_of_the_lab_model_on_the_cpu_backend() -> None:
