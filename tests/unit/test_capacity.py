@@ -40,8 +40,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 H100_BYTES = int(79.19 * GiB)
 # The project's H200 (tests/fixtures/h200-real/torch_stack_info.json, total_memory_bytes): vLLM's "139.8 GiB".
 H200_BYTES = 150_109_880_320
-# The project's H100 (tests/fixtures/h100-real/, torch's total_memory): vLLM's "79.18 GiB".
-H100_BYTES = 85_017_493_504
+# The project's H100 device (tests/fixtures/h100-real/, torch's total_memory): vLLM's "79.18 GiB".
+H100_DEVICE_BYTES = 85_017_493_504
 
 
 def shape(name: str, weights: int | None = None) -> ModelShape:
@@ -228,7 +228,7 @@ def test_predict_matches_the_h100_within_a_few_percent() -> None:
         "Maximum concurrency for 4,096 tokens per request: 4524.22x",
     )
     measured = InstanceSettings(
-        gpu_memory_bytes=H100_BYTES,
+        gpu_memory_bytes=H100_DEVICE_BYTES,
         gpu_memory_utilization=0.9,
         activation_peak_bytes=int(0.26 * GiB),
         non_torch_bytes=int(0.22 * GiB),
@@ -236,7 +236,7 @@ def test_predict_matches_the_h100_within_a_few_percent() -> None:
     )
     assert abs(predict(tiny, measured).capacity.tokens - 18_531_200) / 18_531_200 < 0.001
     # With the planner's own estimates of the overheads: within 1%.
-    estimated = predict(tiny, InstanceSettings(gpu_memory_bytes=H100_BYTES, cudagraph_memory_profiled=False))
+    estimated = predict(tiny, InstanceSettings(gpu_memory_bytes=H100_DEVICE_BYTES, cudagraph_memory_profiled=False))
     assert abs(estimated.capacity.tokens - 18_531_200) / 18_531_200 < 0.01
 
 

@@ -35,14 +35,15 @@ def test_preflight_comes_first_untagged_and_its_tasks_always_run() -> None:
     first = site_imports()[0]
     assert first["ansible.builtin.import_playbook"] == "preflight.yml" and "tags" not in first and "when" not in first
     # The stack's validation, the role variables' check (role_values), the capacity check (vllm_service's entry
-    # point capacity: every task of the role file it includes gets the tag too), then the release check
-    # (playbooks/vars/platforms.yml): every task of each always runs. The release check alone contacts the hosts,
-    # and is tagged `connects` besides, which `gpufleet plan` skips.
+    # point capacity: every task of the role file it includes gets the tag too), then reaching each host for its
+    # release and the release check (playbooks/vars/platforms.yml): every task of each always runs. The last two
+    # alone contact the hosts, and are tagged `connects` besides, which `gpufleet plan` skips.
     plays = yaml.safe_load((PLAYBOOKS / "preflight.yml").read_text())
-    assert len(plays) == 4
+    assert len(plays) == 5
     for play in plays[:3]:
         assert [task["tags"] for task in play["tasks"]] == [["always"]] * len(play["tasks"])
-    assert [task["tags"] for task in plays[3]["tasks"]] == [["always", "connects"]] * len(plays[3]["tasks"])
+    for play in plays[3:]:
+        assert [task["tags"] for task in play["tasks"]] == [["always", "connects"]] * len(play["tasks"])
     (capacity,) = plays[2]["tasks"]
     include = capacity["ansible.builtin.include_role"]
     assert include["tasks_from"] == "capacity.yml" and include["apply"]["tags"] == ["always"]
