@@ -223,15 +223,13 @@ done
 
 # --- 4. vLLM, probed ---------------------------------------------------------------------------------------
 auth=(-H "Authorization: Bearer $api_key" -H 'Content-Type: application/json')
-# start_vllm NAME HOME: vLLM started as the unit would with HOME as the instance's home, waited for until healthy
-# (NAME-health.txt), then one completion timed from its request (NAME-first-completion.txt); vLLM's own output is
-# in NAME.log.
+# start_vllm NAME: vLLM started as the unit would, waited for until healthy (NAME-health.txt), then one completion
+# timed from its request (NAME-first-completion.txt); vLLM's own output is in NAME.log.
 start_vllm() {
-  local name="$1" start_home="$2" env_here=() variable
-  for variable in "${service_env[@]}"; do env_here+=("${variable//$home/$start_home}"); done
-  echo "=== $name: env -i <${#env_here[@]} variables> ${argv[*]} (home $start_home)"
+  local name="$1"
+  echo "=== $name: env -i <${#service_env[@]} variables> ${argv[*]}"
   local started; started="$(date +%s.%N)"
-  (cd "$start_home" && exec setsid env -i "${env_here[@]}" "${argv[@]}") >"$outdir/$name.log" 2>&1 &
+  (cd "$home" && exec setsid env -i "${service_env[@]}" "${argv[@]}") >"$outdir/$name.log" 2>&1 &
   vllm_pid=$!
   "${ansible_local[@]}" -m gpufleet.fleet.openai_probe \
     -a "{\"url\": \"http://127.0.0.1:$port\", \"api_key\": \"$api_key\", \"health_timeout\": 900, \"health_interval\": 1, \"expect_models\": [\"$instance\"]}" \
@@ -252,7 +250,7 @@ start_vllm() {
     -d "{\"model\": \"$instance\", \"prompt\": \"hello world\", \"max_tokens\": 8, \"temperature\": 0}" \
     | tee "$outdir/$name-first-completion.txt"
 }
-start_vllm vllm "$home" || exit 1
+start_vllm vllm || exit 1
 cp "$outdir/vllm-health.txt" "$outdir/health.txt"
 
 run torch_stack_info "${ansible_local[@]}" -m gpufleet.fleet.torch_stack_info \
@@ -336,7 +334,7 @@ PY
 
 # --- 5. time to serving (TIME_TO_SERVING=1) ---------------------------------------------------------------
 [ "${TIME_TO_SERVING:-0}" = 1 ] || exit 0
-start_vllm vllm-restart "$home" || exit 1
+start_vllm vllm-restart || exit 1
 stop_vllm
 # The role's pack on the node that built the caches, its verify-and-install on a second node: here the built home
 # is moved aside and an empty one made at its path.
@@ -359,7 +357,7 @@ os.mkdir(home)
 installed = compile_cache.install(packed["archive"], packed["sha256"], key, home)
 print(json.dumps({"key": key, "sha256": packed["sha256"], "size": packed["size"], "installed": installed}))
 PY
-start_vllm vllm-shipped "$home" || exit 1
+start_vllm vllm-shipped || exit 1
 stop_vllm
 PYTHONPATH="$repo/collections" "$python" - "$outdir" <<'PY' | tee "$outdir/time-to-serving.json"
 import json
