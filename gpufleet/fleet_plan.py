@@ -1,29 +1,30 @@
 """`gpufleet plan -i INVENTORY`: every targeted host's stack validated as preflight validates it, grouped by
 GPU class (hosts that resolve to the same chain), with every artifact each class would install.
 
-It runs playbooks/preflight.yml itself (check mode, on the controller: stack_validate never connects to a
-host), so the plan is the preflight: the same variables, the same templating, the same validator, the same
-conflict check between role variables and the stack.
+The plan is playbooks/preflight.yml's checks without a playbook run (issue 37): gpufleet.plan_worker reads each
+host's variables through Ansible's own inventory, vault and templating, and calls the functions preflight's action
+plugins call (the stack and its conflicts with role variables, every role's values, each instance's capacity),
+once per distinct declaration. No host is contacted; 1,000 hosts take seconds (bench/scale_plan.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.ansible_options import current_options, settings_environment
+from gpufleet.collection import collections_dir
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.inventory import target_nodes
-from gpufleet.runner import first_error, run_playbook
+from gpufleet.runner import run_environment, with_hint
 
 SCHEMA = "gpufleet.fleet-plan/v1"
-VALIDATE_TASK = "Validate gpufleet_stack"
-CAPACITY_TASK = "Predict each instance's KV cache"
-# playbooks/preflight.yml: each host's model tarballs as mirror sync reads them (gpufleet.fleet.mirror_models).
-MODELS_TASK = "Name the model tarballs each host stages"
-MODELS_FACT = "gpufleet_preflight_models"
 
 
 @dataclass
@@ -33,7 +34,7 @@ class HostPlan:
     message: str
     result: dict[str, Any]
     capacity: list[dict[str, Any]] = field(default_factory=list)  # one verdict per instance (capacity_check)
-    models: dict[str, Any] = field(default_factory=dict)  # {mirror_url, models: [...]} (MODELS_TASK)
+    models: dict[str, Any] = field(default_factory=dict)  # {mirror_url, models: [...]} (preflight's fact)
 
 
 @dataclass
@@ -45,33 +46,6 @@ class StackClass:
     artifacts: list[dict[str, Any]]
     warnings: list[str]
     hosts: list[str] = field(default_factory=list)
-
-
-def collect(events: list[dict[str, Any]]) -> list[HostPlan]:
-    """The stack_validate and capacity_check results and the declared model tarballs of each host, from the
-    preflight run's events."""
-    plans: dict[str, HostPlan] = {}
-    capacity: dict[str, list[dict[str, Any]]] = {}
-    models: dict[str, dict[str, Any]] = {}
-    for event in events:
-        kind = event.get("event")
-        data = event.get("event_data") or {}
-        if kind not in ("runner_on_ok", "runner_on_failed"):
-            continue
-        task, result = str(data.get("task", "")), data.get("res") or {}
-        if task.startswith(VALIDATE_TASK):
-            plans[data["host"]] = HostPlan(data["host"], kind == "runner_on_ok", str(result.get("msg", "")), result)
-        elif task.startswith(CAPACITY_TASK):
-            capacity[data["host"]] = list(result.get("capacity") or [])
-        elif task.startswith(MODELS_TASK):
-            models[data["host"]] = dict((result.get("ansible_facts") or {}).get(MODELS_FACT) or {})
-    for host, verdicts in capacity.items():
-        if host in plans:
-            plans[host].capacity = verdicts
-    for host, declared in models.items():
-        if host in plans:
-            plans[host].models = declared
-    return [plans[host] for host in sorted(plans)]
 
 
 def capacity_failures(plan: HostPlan) -> list[dict[str, Any]]:
@@ -104,34 +78,54 @@ def classes(plans: list[HostPlan]) -> list[StackClass]:
 
 
 def plan_inventory(inventory: Path, limit: str | None = None, envvars: dict[str, str] | None = None) -> list[HostPlan]:
+    """Each targeted host's preflight, from gpufleet.plan_worker run with the environment a playbook run gets."""
     target_nodes(inventory, limit)
-    events: list[dict[str, Any]] = []
-
-    def keep(event: dict[str, Any]) -> bool:
-        events.append(event)
-        return True
-
-    with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as runs:
-        result = run_playbook(
-            "preflight.yml",
-            inventory,
-            limit=limit,
-            # The OS release play is the only one that contacts hosts: a plan never does.
-            skip_tags="connects",
-            check=True,
-            quiet=True,
-            runs_root=Path(runs),
-            envvars=envvars,
-            event_handler=keep,
+    options = current_options()
+    environment = run_environment(dict(os.environ))
+    with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as directory:
+        # The operator's inline -e values, as the runner gives them to ansible-playbook: a file of variables after
+        # the operator's own @FILEs, so they win.
+        inline = Path(directory) / "extravars"
+        inline.write_text(json.dumps(options.inline_vars))
+        request = {
+            "inventory": str(inventory.absolute()),  # not resolve(): group_vars sit beside a linked file
+            "limit": limit or "",
+            "var_files": [*options.var_files, str(inline)],
+            "vault_password_files": list(options.vault_password_files),
+            "vault_password": options.vault_password,
+        }
+        completed = subprocess.run(
+            [sys.executable, "-m", "gpufleet.plan_worker"],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            check=False,
+            env={
+                **environment,
+                **settings_environment(environment, Path.cwd(), collections_dir()),
+                "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true",
+                **(envvars or {}),
+            },
         )
-        plans = collect(events)
-        # Ansible stopped before any host (a vault password missing): its own words, read before the run's
-        # records go with the temporary directory.
-        error = "" if plans else first_error(result)
-    if error:
-        raise UsageError(f"no host of {inventory} was validated: {error}")
+    if completed.returncode != 0:
+        raise GpufleetError(f"the plan of {inventory} failed: {completed.stderr.strip()[-2000:]}")
+    answer = json.loads(completed.stdout)
+    if "error" in answer:
+        raise UsageError(f"no host of {inventory} was validated: {with_hint(answer['error'])}")
+    shared = answer["shared"]
+    plans = [
+        HostPlan(
+            item["host"],
+            item["ok"],
+            item["message"],
+            shared[item["result"]],
+            capacity=shared[item["capacity"]] if item["capacity"] is not None else [],
+            models=shared[item["models"]] if item["models"] is not None else {},
+        )
+        for item in answer["hosts"]
+    ]
     if not plans:
-        raise GpufleetError(f"no host of {inventory} was validated (preflight rc {result.rc}, {result.status})")
+        raise GpufleetError(f"no host of {inventory} was validated")
     return plans
 
 

@@ -270,10 +270,13 @@ def first_error(result: PlaybookResult) -> str:
     stdout = result.artifacts / "stdout"
     text = ANSI_COLOUR.sub("", stdout.read_text(errors="replace")) if stdout.is_file() else ""
     lines = [line.strip() for line in text.splitlines() if line.lstrip().startswith(("ERROR!", "[ERROR]"))]
-    if not lines:
-        return ""
-    fixes = [fix for words, fix in ERROR_HINTS if words in lines[0]]
-    return f"{lines[0]}: {fixes[0]}" if fixes else lines[0]
+    return with_hint(lines[0]) if lines else ""
+
+
+def with_hint(error: str) -> str:
+    """Ansible's error with its fix, where ERROR_HINTS knows it."""
+    fixes = [fix for words, fix in ERROR_HINTS if words in error]
+    return f"{error}: {fixes[0]}" if fixes else error
 
 
 def require_hosts(result: PlaybookResult, inventory: Path, limit: str | None) -> None:

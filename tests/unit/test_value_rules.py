@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.fleet.plugins.action.role_values import role_options, role_rules
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.preflight_checks import role_options, role_rules
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils import value_rules
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.value_rules import RULES, parse_rule_path, problems
 
