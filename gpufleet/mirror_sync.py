@@ -1,6 +1,6 @@
 """`gpufleet mirror sync`: every artifact the declared stacks install, fetched from its upstream into the mirror.
 
-What the mirror needs is what `gpufleet plan -i` lists (gpufleet.fleet_plan runs the preflight; this module only
+What the mirror needs is what `gpufleet plan -i` lists (gpufleet.fleet_plan runs preflight's checks; this module only
 reads its artifacts). Where each file comes from is data/mirror/upstreams.csv: per kind, a file-name pattern, an
 upstream URL pattern with a cited real example, and whether the upstream publishes a checksum. Each file is
 checked against the strongest checksum available: the plan's (the inventory's pin or the knowledge base's), else

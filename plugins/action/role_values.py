@@ -6,7 +6,8 @@ gives the options (every entry point's) with their types and choices, its meta/v
 under them may be (plugins/plugin_utils/value_rules.py). A value is checked when the task's variables hold it
 (inventory, group and extra variables; a role's defaults too when a role's own preflight runs it), or when the
 option's default is built from other variables (gpufleet_snapshot_dir, gpufleet_mirror_url). A message names the
-host, the value's path and the rule, never the value. Documentation: plugins/modules/role_values.py.
+host, the value's path and the rule, never the value. The checks are plugins/plugin_utils/preflight_checks.py's, which
+`gpufleet plan -i` calls too. Documentation: plugins/modules/role_values.py.
 """
 
 from __future__ import annotations
