@@ -6,18 +6,6 @@ validator in stack_declared.py against the knowledge base in data/compat, then t
 the stack), which `gpufleet plan -i` calls too; the on-host stack_host_check module checks the same links with
 stack_host.py. It never contacts the host, never changes anything and works the same in check mode.
 Documentation: plugins/modules/stack_validate.py.
-"""Action plugin stack_validate: check the declared GPU stack on the controller, before any host changes.
-
-It runs plugins/plugin_utils/stack_declared.py (the validator the CLI `gpufleet plan` uses too; the on-host
-stack_host_check module checks the same links with stack_host.py) against the knowledge base in data/compat. It never contacts the host,
-never changes anything and works the same in check mode. Documentation: plugins/modules/stack_validate.py.
-"""Action plugin stack_validate: check the declared GPU stack on the controller, before any host changes.
-
-It templates the host's stack variables and runs plugins/plugin_utils/preflight_checks.py's stack_result (the
-validator in stack_declared.py against the knowledge base in data/compat, then the role variables that contradict
-the stack), which `gpufleet plan -i` calls too; the on-host stack_host_check module checks the same links with
-stack_host.py. It never contacts the host, never changes anything and works the same in check mode.
-Documentation: plugins/modules/stack_validate.py.
 """
 
 from __future__ import annotations
