@@ -21,7 +21,7 @@ from gpufleet import PROJECT_ROOT
 from gpufleet.errors import GpufleetError
 from gpufleet.lab.addressing import HostAddress
 from gpufleet.lab.config import MIRROR_PORT, LabConfig, load_config
-from gpufleet.lab.mirror_server import HEALTH_PATH, PASS_THROUGH_ROOTS
+from gpufleet.lab.mirror_server import HEALTH_PATH, PASS_THROUGH_ROOTS, SERVED_PATH
 from gpufleet.lab.procs import is_alive, pids_with_argument, read_pid_file, stop_processes, write_pid_file
 
 
@@ -85,6 +85,16 @@ def status(config: LabConfig) -> MirrorStatus:
     running = is_alive(read_pid_file(_pid_file(config)))
     healthy = running and bool(addresses) and health_check(addresses[0], port)
     return MirrorStatus(running, addresses, port, healthy)
+
+
+def served_bytes(config: LabConfig | None = None) -> dict[str, int]:
+    """Bytes of each mirror file the running mirror has sent since it started, by URL path."""
+    current = status(config or load_config())
+    if not current.healthy:
+        raise GpufleetError("the lab mirror is not running: `gpufleet lab up` starts it")
+    url = f"http://{current.addresses[0]}:{current.port}{SERVED_PATH}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return {str(path): int(count) for path, count in json.loads(response.read()).items()}
 
 
 def health_check(address: str, port: int, timeout: float = 3) -> bool:

@@ -8,6 +8,7 @@ Paths under /debian/ and /debian-security/ are fetched from deb.debian.org once 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -29,6 +30,9 @@ from gpufleet.lab.procs import write_pid_file
 UPSTREAM = "http://deb.debian.org"
 PASS_THROUGH_ROOTS = ("debian", "debian-security")
 HEALTH_PATH = "/_gpufleet/health"
+# Bytes of each mirror file sent since the server started, by URL path (a JSON object): what a fleet costs the
+# mirror per artifact (a rack cache in front of it should make that one copy per rack).
+SERVED_PATH = "/_gpufleet/served"
 # Release files and package lists change; re-fetch them after this long. Packages never change.
 INDEX_TTL_SECONDS = 600
 UPSTREAM_TIMEOUT_SECONDS = 60
@@ -102,6 +106,25 @@ def fetch_upstream(relative: str, destination: Path) -> int:
         return error.code
 
 
+class ServedBytes:
+    """Bytes sent per mirror path, counted by every request thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes: dict[str, int] = {}
+
+    def add(self, path: str, count: int) -> None:
+        with self._lock:
+            self._bytes[path] = self._bytes.get(path, 0) + count
+
+    def as_json(self) -> bytes:
+        with self._lock:
+            return json.dumps(self._bytes, sort_keys=True).encode() + b"\n"
+
+
+SERVED = ServedBytes()
+
+
 class MirrorHandler(SimpleHTTPRequestHandler):
     """Files from the mirror directory, plus the cached pass-through of Debian's archive."""
 
@@ -121,6 +144,9 @@ class MirrorHandler(SimpleHTTPRequestHandler):
     def handle_request(self, send_body: bool) -> None:
         if self.path == HEALTH_PATH:
             self.send_bytes(b"ok\n", send_body)
+            return
+        if self.path == SERVED_PATH:
+            self.send_bytes(SERVED.as_json(), send_body)
             return
         relative = archive_relative_path(self.path)
         if relative is not None:
@@ -142,7 +168,8 @@ class MirrorHandler(SimpleHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        self.send_file(target, send_body, self.guess_type(str(target)))
+        sent = self.send_file(target, send_body, self.guess_type(str(target)))
+        SERVED.add(urllib.parse.unquote(path_part), sent)
 
     def pass_through(self, relative: str, send_body: bool) -> None:
         cached = self.apt_cache / relative
@@ -158,7 +185,8 @@ class MirrorHandler(SimpleHTTPRequestHandler):
                 return
         self.send_file(cached, send_body)
 
-    def send_file(self, path: Path, send_body: bool, content_type: str = "application/octet-stream") -> None:
+    def send_file(self, path: Path, send_body: bool, content_type: str = "application/octet-stream") -> int:
+        """Sends the file (its headers only without send_body); the bytes of its body sent."""
         with path.open("rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             self.send_response(200)
@@ -166,8 +194,10 @@ class MirrorHandler(SimpleHTTPRequestHandler):
             self.send_header("Content-Length", str(size))
             self.send_header("Last-Modified", self.date_time_string(int(path.stat().st_mtime)))
             self.end_headers()
-            if send_body:
-                shutil.copyfileobj(handle, self.wfile, 1 << 20)
+            if not send_body:
+                return 0
+            shutil.copyfileobj(handle, self.wfile, 1 << 20)
+            return size
 
     def send_bytes(self, body: bytes, send_body: bool) -> None:
         self.send_response(200)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import threading
 import time
@@ -19,6 +20,7 @@ from gpufleet.lab.config import LabConfig
 from gpufleet.lab.mirror_server import (
     HEALTH_PATH,
     INDEX_TTL_SECONDS,
+    SERVED_PATH,
     FreeBindServer,
     MirrorHandler,
     archive_relative_path,
@@ -80,6 +82,20 @@ def test_server_serves_published_files_and_health(config: LabConfig, server: str
     assert get(server + path) == source.read_bytes()
     assert get(server + HEALTH_PATH) == b"ok\n"
     assert mirror.health_check("127.0.0.1", int(server.rsplit(":", 1)[1]))
+
+
+def test_the_mirror_counts_the_bytes_it_sends_per_file(config: LabConfig, server: str, tmp_path: Path) -> None:
+    """What a fleet costs the mirror per artifact (issue 37: one copy per rack behind rack caches)."""
+    source = tmp_path / "model.tar.gz"
+    source.write_bytes(os.urandom(10_000))
+    path = mirror.publish(source, "models/tiny model.tar.gz", config)
+    before = json.loads(get(server + SERVED_PATH))
+    get(server + "/models/tiny%20model.tar.gz?sha256=" + "0" * 64)
+    get(server + "/models/tiny%20model.tar.gz")
+    head = urllib.request.Request(server + "/models/tiny%20model.tar.gz", method="HEAD")
+    urllib.request.urlopen(head, timeout=5).close()
+    served = json.loads(get(server + SERVED_PATH))
+    assert served[path] - before.get(path, 0) == 20_000  # two bodies; a HEAD sends none, a query is the same file
 
 
 def test_pass_through_serves_a_cached_package_without_upstream(config: LabConfig, server: str) -> None:

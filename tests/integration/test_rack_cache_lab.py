@@ -1,0 +1,170 @@
+"""Rack caches on the lab (issue 37): nodes pull the model through their rack's cache (role rack_cache, converged by
+playbooks/base.yml's play for the group rack_caches), so it leaves the mirror once per rack; a cache that serves a
+file of another sha256 is refused and a cache that is down is passed over, each said, the node pulling from the
+mirror instead.
+
+The two lab hosts make two racks, each its own cache (a peer of the rack), then one rack whose second node reads
+from the first's cache over the lab's cluster link. The mirror counts the bytes it sends per file
+(gpufleet.lab.mirror_server), which is what is measured.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufleet import PROJECT_ROOT
+from gpufleet.lab import mirror
+
+BIN = PROJECT_ROOT / ".venv" / "bin"
+PORT = 8781
+NODE_CACHE = "/var/cache/gpufleet/artifacts"
+CACHE_FILES = "/var/cache/gpufleet/rack-cache/files"
+REFUSED = "was not used"
+
+PULL = """
+- name: Pull the lab's model on each node, through its rack's cache
+  hosts: gpu_nodes
+  gather_facts: false
+  become: true
+  tasks:
+    - name: Pull the model
+      ansible.builtin.include_role:
+        name: gpufleet.fleet.artifact
+      vars:
+        artifact_spec: {url: "{{ model_store_models[0].url }}", sha256: "{{ model_store_models[0].sha256 }}"}
+        artifact_name: "model {{ model_store_models[0].name }}"
+        artifact_fetch: node
+"""
+
+REMOVE = """
+- name: Remove the rack caches
+  hosts: rack_caches
+  gather_facts: false
+  become: true
+  tasks:
+    - name: Remove the rack cache
+      ansible.builtin.include_role:
+        name: gpufleet.fleet.rack_cache
+        tasks_from: remove.yml
+"""
+
+
+def racks(directory: Path, name: str, urls: dict[str, str]) -> Path:
+    """An inventory source beside the lab's: both hosts caches, each with its rack's cache URL."""
+    hosts = {host: {"gpufleet_rack_cache_url": url} for host, url in urls.items()}
+    path = directory / f"{name}.yml"
+    document = {"all": {"children": {"rack_caches": {"hosts": {host: None for host in urls}}, name: {"hosts": hosts}}}}
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def playbook(lab_inventory: Path, extra: Path, path: Path | str, *args: str) -> str:
+    """ansible-playbook against the lab inventory and `extra`; its output, asserting success."""
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(lab_inventory), "-i", str(extra), str(path), *args],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def model(lab_inventory: Path) -> dict[str, Any]:
+    declared = yaml.safe_load((lab_inventory.parent / "group_vars" / "all" / "model.yml").read_text())
+    first = declared["model_store_models"][0]
+    path = "/" + first["url"].split("}}/", 1)[1]
+    return {"path": path, "sha256": first["sha256"], "size": (mirror.mirror_dir() / path.lstrip("/")).stat().st_size}
+
+
+@pytest.fixture(scope="module")
+def two_racks(
+    lab_inventory: Path, lab_hosts: dict[str, dict], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """Both lab hosts cache for their own rack (converged through playbooks/base.yml), with empty caches; removed
+    after, through the role's remove entry point."""
+    directory = tmp_path_factory.mktemp("racks")
+    inventory = racks(directory, "rack_own", {host: f"http://127.0.0.1:{PORT}" for host in lab_hosts})
+    playbook(lab_inventory, inventory, PROJECT_ROOT / "playbooks" / "base.yml", "--tags", "rack_cache")
+    (directory / "remove.yml").write_text(REMOVE)
+    try:
+        run(
+            lab_inventory,
+            "all",
+            f"systemctl stop gpufleet-rack-cache && rm -rf {CACHE_FILES}/* && systemctl start gpufleet-rack-cache",
+        )
+        yield inventory
+    finally:
+        playbook(lab_inventory, inventory, directory / "remove.yml")
+
+
+def run(lab_inventory: Path, pattern: str, command: str) -> None:
+    result = subprocess.run(
+        [str(BIN / "ansible"), "-i", str(lab_inventory), pattern, "-b", "-m", "ansible.builtin.shell", "-a", command],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def pull(lab_inventory: Path, inventory: Path, model: dict[str, Any]) -> tuple[int, str]:
+    """Each node's copy of the model dropped from its artifact cache and pulled again: the bytes the mirror sent
+    for the model meanwhile, and the run's output."""
+    run(lab_inventory, "gpu_nodes", f"rm -rf {NODE_CACHE}/{model['sha256']}")
+    before = mirror.served_bytes().get(model["path"], 0)
+    output = playbook(lab_inventory, inventory, inventory.parent / "pull.yml")
+    run(
+        lab_inventory,
+        "gpu_nodes",
+        f"echo '{model['sha256']}  {NODE_CACHE}/{model['sha256']}/'*.tar.gz | sha256sum -c -",
+    )
+    return mirror.served_bytes().get(model["path"], 0) - before, output
+
+
+def test_each_rack_costs_the_mirror_one_copy_and_a_bad_cache_is_passed_over(
+    lab_inventory: Path, lab_hosts: dict[str, dict], two_racks: Path, model: dict[str, Any]
+) -> None:
+    (two_racks.parent / "pull.yml").write_text(PULL)
+    first, second = sorted(lab_hosts)
+
+    # Two racks, two empty caches: one copy each from the mirror.
+    sent, output = pull(lab_inventory, two_racks, model)
+    assert sent == 2 * model["size"], output[-3000:]
+    assert REFUSED not in output
+
+    # One rack: the second node reads the first's cache over the cluster link; both are cache hits.
+    cluster = lab_hosts[first]["gpufleet_lab_cluster_address"]
+    one_rack = racks(
+        two_racks.parent, "rack_one", {first: f"http://127.0.0.1:{PORT}", second: f"http://{cluster}:{PORT}"}
+    )
+    (one_rack.parent / "pull.yml").write_text(PULL)
+    sent, output = pull(lab_inventory, one_rack, model)
+    assert sent == 0, output[-3000:]
+    assert REFUSED not in output
+
+    # The first cache serves a file of another sha256 (its last bytes overwritten); the second is down. Each node
+    # says why its cache was not used and pulls the model from the mirror; each ends with the pinned file.
+    poison = (
+        f"f=$(grep -rlF 'KEY: {model['path']}?sha256={model['sha256']}' {CACHE_FILES}) && test -n \"$f\" && "
+        'printf poisoned | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 8 )) conv=notrunc status=none'
+    )
+    run(lab_inventory, first, poison)
+    run(lab_inventory, second, "systemctl stop gpufleet-rack-cache")
+    sent, output = pull(lab_inventory, two_racks, model)
+    assert sent == 2 * model["size"], output[-3000:]
+    lines = " ".join(output.split())
+    assert f"the rack cache http://127.0.0.1:{PORT} {REFUSED}: The checksum for" in lines, output[-3000:]
+    assert "did not match" in lines and model["sha256"] in lines
+    assert "Connection refused" in lines
