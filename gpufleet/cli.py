@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run_command(args: argparse.Namespace) -> int:
     with passed_through(options_from(args)):
         if args.command in CHANGING_COMMANDS:
-            with fleet_operation(args.command, args.inventory, args.break_lease):
+            part = str(args.slice) if getattr(args, "slice", None) else None
+            with fleet_operation(args.command, args.inventory, args.break_lease, part):
                 return int(args.func(args))
         return int(args.func(args))
 

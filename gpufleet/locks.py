@@ -77,32 +77,77 @@ def _holder_text(path: Path) -> str:
         return "another gpufleet operation"
 
 
-@contextmanager
-def fleet_operation(command: str, inventory: Path, break_lease: bool = False) -> Iterator[Operation]:
-    """Holds the inventory's lock for the operation; GpufleetError naming the holder when another one runs."""
-    global _current
-    operation = Operation(command, inventory, break_lease)
-    path = lock_path(inventory)
+def slice_lock_path(inventory: Path, part: str) -> Path:
+    """The lock of one slice (`K/N`) of the inventory's operation."""
+    return lock_path(inventory).with_suffix(f".slice-{part.replace('/', '-of-')}.lock")
+
+
+def _open_lock(path: Path) -> int:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as error:
         raise GpufleetError(
             f"cannot take the fleet lock {path} ({error.strerror}): run as a user who can write there, or set "
             "GPUFLEET_LOCK_DIR"
         ) from error
+
+
+def _try_lock(descriptor: int, kind: int) -> bool:
     try:
+        fcntl.flock(descriptor, kind | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+            raise
+        return False
+    return True
+
+
+def _slice_holders(inventory: Path) -> list[str]:
+    """The holders of the inventory's slices that run now."""
+    holders = []
+    for path in sorted(lock_dir().glob(lock_path(inventory).stem + ".slice-*.lock")):
+        descriptor = os.open(path, os.O_RDONLY)
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                raise
+            if not _try_lock(descriptor, fcntl.LOCK_SH):
+                holders.append(_holder_text(path))
+        finally:
+            os.close(descriptor)
+    return holders
+
+
+@contextmanager
+def fleet_operation(
+    command: str, inventory: Path, break_lease: bool = False, part: str | None = None
+) -> Iterator[Operation]:
+    """Holds the inventory's lock for the operation; GpufleetError naming the holder when another one runs.
+
+    A slice of an operation (`part`: K/N, gpufleet.slicing) shares the inventory's lock with the other slices and
+    holds its own slice's: slices run side by side, never beside a whole operation or the same slice twice.
+    """
+    global _current
+    operation = Operation(command, inventory, break_lease)
+    path = lock_path(inventory)
+    descriptor = _open_lock(path)
+    slice_descriptor = None
+    try:
+        if not _try_lock(descriptor, fcntl.LOCK_SH if part else fcntl.LOCK_EX):
+            holders = [] if part else _slice_holders(inventory)
             raise BusyError(
-                f"{inventory} is held by {_holder_text(path)}: one operation changes a fleet at a time; "
-                f"wait for it to end, then run gpufleet {command} again"
-            ) from None
-        os.ftruncate(descriptor, 0)
-        os.write(descriptor, json.dumps(operation.lease()).encode())
+                f"{inventory} is held by {' and '.join(holders) or _holder_text(path)}: one operation changes a "
+                f"fleet at a time; wait for it to end, then run gpufleet {command} again"
+            )
+        if part:
+            held = slice_lock_path(inventory, part)
+            slice_descriptor = _open_lock(held)
+            if not _try_lock(slice_descriptor, fcntl.LOCK_EX):
+                raise BusyError(
+                    f"slice {part} of {inventory} is held by {_holder_text(held)}: wait for it to end, then run "
+                    f"gpufleet {command} again"
+                )
+        lease_descriptor = slice_descriptor if slice_descriptor is not None else descriptor
+        os.ftruncate(lease_descriptor, 0)
+        os.write(lease_descriptor, json.dumps(operation.lease()).encode())
         _current = operation
         try:
             yield operation
@@ -115,6 +160,8 @@ def fleet_operation(command: str, inventory: Path, break_lease: bool = False) ->
                     # The run's own error is the one to report; this one is said beside it.
                     print(f"gpufleet: could not give the node leases back: {error}", file=sys.stderr)
     finally:
+        if slice_descriptor is not None:
+            os.close(slice_descriptor)
         os.close(descriptor)
 
 

@@ -11,6 +11,7 @@ COMMAND_MODULES = (
     "wheelhouse",
     "mirror",
     "provision",
+    "report",
     "demo",
     "drift",
     "rebuild",
