@@ -128,7 +128,7 @@ def pull(lab_inventory: Path, inventory: Path, model: dict[str, Any]) -> tuple[i
     run(
         lab_inventory,
         "gpu_nodes",
-        f"echo '{model['sha256']}  {NODE_CACHE}/{model['sha256']}/'*.tar.gz | sha256sum -c -",
+        f"cd {NODE_CACHE}/{model['sha256']} && sha256sum *.tar.gz | grep -q '^{model['sha256']} '",
     )
     return mirror.served_bytes().get(model["path"], 0) - before, output
 
