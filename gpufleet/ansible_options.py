@@ -86,6 +86,13 @@ class AnsibleOptions:
 
 
 _current = AnsibleOptions()
+# Ansible's words for true, as its `bool` filter reads a string.
+TRUE_WORDS = ("true", "yes", "on", "1", "y", "t")
+
+
+def all_or_nothing(options: AnsibleOptions) -> bool:
+    """Whether the operator asked, with `-e gpufleet_any_errors_fatal=true`, that one node's failure stops all."""
+    return str(options.inline_vars.get("gpufleet_any_errors_fatal", False)).strip().lower() in TRUE_WORDS
 
 
 def current_options() -> AnsibleOptions:

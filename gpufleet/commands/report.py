@@ -85,7 +85,9 @@ def render(combined: dict[str, Any]) -> str:
     count = len(combined["slices"]) + len(combined["missing_slices"])
     lines = [f"gpufleet {combined['command']} in {count} slice(s):"]
     for item in combined["slices"]:
-        outcome = "ok" if item["exit_code"] == exit_codes.OK else f"exit {item['exit_code']}: {item['error'] or 'failed'}"
+        outcome = (
+            "ok" if item["exit_code"] == exit_codes.OK else f"exit {item['exit_code']}: {item['error'] or 'failed'}"
+        )
         lines.append(f"  slice {item['index']}/{item['count']}: {len(item['hosts'])} node(s), {outcome}")
     lines.extend(f"  slice {index}/{count}: MISSING (no document given)" for index in combined["missing_slices"])
     lines.append(f"{'host':<20} {'ok':>4} {'changed':>8} {'failed':>7} {'unreachable':>12} {'skipped':>8}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet import exit_codes, run_document
-from gpufleet.ansible_options import add_ansible_flags
+from gpufleet.ansible_options import add_ansible_flags, all_or_nothing, current_options
 from gpufleet.drift import parse_layers, run_drift
 from gpufleet.drift_rebuild import RebuildPlan, plan_rebuild
 from gpufleet.errors import GpufleetError, UsageError
@@ -119,11 +119,37 @@ def unavailable_budget(max_unavailable: str, fleet: int, out_of_service: list[st
     return str(max(left, 1))
 
 
+def unreachable_nodes(report: FleetReport) -> list[str]:
+    """The nodes the drift check before the upgrade could not reach."""
+    return sorted(name for name, node in report.nodes.items() if node.status == "unreachable")
+
+
+def left_out(hosts: list[str], unreachable: list[str], all_or_nothing: bool) -> list[str]:
+    """The nodes the upgrade goes on with: an unreachable node is named and left out (issue 37: one node down never
+    stops the fleet), unless the operator asked for all or nothing; GpufleetError when none is left."""
+    if not unreachable:
+        return hosts
+    if all_or_nothing:
+        raise GpufleetError(
+            f"{', '.join(unreachable)} cannot be reached, and the upgrade is all or nothing "
+            "(gpufleet_any_errors_fatal): no node was touched; reach them or leave them out with --limit"
+        )
+    for host in unreachable:
+        print(f"upgrade: {host}: the drift check could not reach it: left out, not upgraded")
+    reached = [host for host in hosts if host not in unreachable]
+    if not reached:
+        raise GpufleetError(f"no node could be reached ({', '.join(unreachable)}): no node was touched")
+    return reached
+
+
 def node_plans(report: FleetReport) -> dict[str, RebuildPlan]:
     """Node -> what its upgrade rebuilds: the layers (none: it matches the declaration), and whether its venv is
-    built again and which models are staged again, as `gpufleet rebuild` would."""
+    built again and which models are staged again, as `gpufleet rebuild` would. Only the nodes the drift check
+    reached."""
     plans = {}
     for name, node in report.nodes.items():
+        if node.status == "unreachable":
+            continue
         plan = plan_rebuild(FleetReport(report.layers, {name: node}))
         if plan.refused:
             raise GpufleetError(f"upgrade: {plan.refused}; no node was touched")
@@ -180,6 +206,9 @@ def run(args: argparse.Namespace) -> int:
     if before.report is None:
         raise GpufleetError(f"the drift check before the upgrade wrote no report; see {before.run_dir}")
     print(summary_table(before.report))
+    unreachable = unreachable_nodes(before.report)
+    hosts = left_out(hosts, unreachable, all_or_nothing(current_options()))
+    limit = ",".join(hosts)
     plans = node_plans(before.report)
     for host in hosts:
         print(f"upgrade: {host}: {describe_plan(plans.get(host))}")
@@ -218,7 +247,13 @@ def run(args: argparse.Namespace) -> int:
     )
     print()
     print(format_summary(result))
-    return report(result.rc, hosts, outcomes.nodes, result.artifacts, result.failures)
+    code = report(result.rc, hosts, outcomes.nodes, result.artifacts, result.failures)
+    if unreachable:
+        raise GpufleetError(
+            f"the nodes it reached are upgraded; {', '.join(unreachable)} could not be reached and were not: run "
+            "gpufleet upgrade again when they answer"
+        )
+    return code
 
 
 def rollout_plan(hosts: list[str], work: list[str], cordoned: list[str], batch: str) -> str:

@@ -36,3 +36,26 @@ def test_an_unreachable_node_is_left_out_and_the_others_converge(
     # The node went through every layer to the last (the proxy's), not only preflight.
     assert converged["ok"] > 100, converged
     assert f"{reachable}: Put nginx with TLS and API keys in front of every node's vLLM:" in output, output[-6000:]
+
+
+@pytest.mark.slow
+def test_an_unreachable_node_is_left_out_of_an_upgrade_and_the_others_are_upgraded(
+    lab_inventory: Path, lab_hosts: dict[str, dict], host_vars: Path, tmp_path: Path
+) -> None:
+    """The upgrade refused every node when its drift check could not reach one."""
+    reachable, unreachable = sorted(lab_hosts)[:2]
+    (host_vars / f"{unreachable}.yml").write_text("ansible_port: 9\n")
+
+    result = gpufleet(tmp_path, "upgrade", "-i", str(lab_inventory))
+
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-4000:]
+    assert f"upgrade: {unreachable}: the drift check could not reach it: left out, not upgraded" in output
+    # The converged node went through the rollout: its outcome recorded, nothing to change.
+    assert f"upgrade: {reachable}: unchanged" in output, output[-4000:]
+    assert f"{unreachable} could not be reached and were not: run gpufleet upgrade again" in output
+
+    all_or_nothing = gpufleet(tmp_path, "upgrade", "-i", str(lab_inventory), "-e", "gpufleet_any_errors_fatal=true")
+    output = all_or_nothing.stdout + all_or_nothing.stderr
+    assert all_or_nothing.returncode == 1, output[-4000:]
+    assert f"{unreachable} cannot be reached, and the upgrade is all or nothing" in output

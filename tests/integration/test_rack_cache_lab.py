@@ -94,7 +94,7 @@ def two_racks(
     after, through the role's remove entry point."""
     directory = tmp_path_factory.mktemp("racks")
     inventory = racks(directory, "rack_own", {host: f"http://127.0.0.1:{PORT}" for host in lab_hosts})
-    playbook(lab_inventory, inventory, PROJECT_ROOT / "playbooks" / "base.yml", "--tags", "rack_cache")
+    playbook(lab_inventory, inventory, PROJECT_ROOT / "playbooks" / "base.yml")
     (directory / "remove.yml").write_text(REMOVE)
     try:
         run(

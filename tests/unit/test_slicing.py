@@ -122,7 +122,9 @@ def test_each_slice_runs_on_its_nodes_and_the_report_joins_them(tmp_path: Path, 
     assert joined.returncode == exit_codes.FAILED, joined.stdout + joined.stderr
     lines = joined.stdout.splitlines()
     assert lines[0] == "gpufleet provision in 2 slice(s):"
-    assert lines[1].startswith("  slice 1/2: 2 node(s), exit 1:") and lines[2].startswith("  slice 2/2: 1 node(s), exit 1")
+    assert lines[1].startswith("  slice 1/2: 2 node(s), exit 1:") and lines[2].startswith(
+        "  slice 2/2: 1 node(s), exit 1"
+    )
     rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith("lab-")}
     assert sorted(rows) == ["lab-1", "lab-2", "lab-3"] and all(row[3] == "1" for row in rows.values())  # unreachable
 

@@ -14,9 +14,11 @@ from gpufleet.commands.upgrade import (
     unavailable_budget,
     named_hosts,
     describe_plan,
+    left_out,
     node_plans,
     parse_max_unavailable,
     report,
+    unreachable_nodes,
 )
 from gpufleet.errors import GpufleetError
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.drift_report import ReportBuilder
@@ -117,9 +119,23 @@ def test_a_venv_it_cannot_trust_and_damaged_weights_are_built_again_not_only_the
     assert describe_plan(plans["node-2"]) == "layers model, serve, proxy (model tiny staged again)"
 
 
-def test_an_unreachable_node_stops_the_upgrade_before_it_starts() -> None:
-    with pytest.raises(GpufleetError, match="node-2 cannot be reached.*no node was touched"):
-        node_plans(drift_report({"node-1": ["venv"]}, unreachable=("node-2",)))
+def test_an_unreachable_node_is_left_out_and_the_others_are_upgraded(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37: one unreachable node stopped the upgrade of every node."""
+    report = drift_report({"node-1": ["venv"]}, unreachable=("node-2",))
+    unreachable = unreachable_nodes(report)
+    assert unreachable == ["node-2"]
+    assert left_out(["node-1", "node-2"], unreachable, all_or_nothing=False) == ["node-1"]
+    assert "node-2: the drift check could not reach it: left out, not upgraded" in capsys.readouterr().out
+    assert {name: plan.layers for name, plan in node_plans(report).items()} == {
+        "node-1": ["venv", "kernels", "serve", "proxy"]
+    }
+
+
+def test_an_unreachable_node_stops_an_all_or_nothing_upgrade_before_it_starts() -> None:
+    with pytest.raises(GpufleetError, match="node-2 cannot be reached, and the upgrade is all or nothing.*no node was"):
+        left_out(["node-1", "node-2"], ["node-2"], all_or_nothing=True)
+    with pytest.raises(GpufleetError, match=r"no node could be reached \(node-1, node-2\)"):
+        left_out(["node-1", "node-2"], ["node-1", "node-2"], all_or_nothing=False)
 
 
 def test_outcomes_are_read_from_the_playbooks_events(capsys: pytest.CaptureFixture[str]) -> None:
