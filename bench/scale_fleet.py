@@ -45,10 +45,17 @@ def aliases(root: Path, count: int) -> Path:
     inventory = root / f"aliases-{count}"
     inventory.mkdir()
     (inventory / "group_vars").symlink_to(LAB / "group_vars")
+    (inventory / "locks").symlink_to(LAB / "locks")
     hosts = {}
     for number in range(count):
-        real = lab_hosts[names[number % len(names)]]
-        hosts[f"alias-{number:05d}"] = {key: real[key] for key in CONNECTION_KEYS if key in real}
+        name = names[number % len(names)]
+        real = lab_hosts[name]
+        hosts[f"alias-{number:05d}"] = {
+            **{key: real[key] for key in CONNECTION_KEYS if key in real},
+            # The lab's proxy certificates are issued per host name: an alias serves its lab host's.
+            "inference_proxy_tls_cert_src": f"{{{{ gpufleet_lab_tls_dir }}}}/{name}.crt",
+            "inference_proxy_tls_key_src": f"{{{{ gpufleet_lab_tls_dir }}}}/{name}.key",
+        }
     (inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}))
     return inventory / "hosts.yml"
 
