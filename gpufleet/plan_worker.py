@@ -33,6 +33,8 @@ MODELS_FACT = "gpufleet_preflight_models"
 # A template that looks a value up may read any variable (lookup('vars', ...)): it is templated for every host.
 LOOKUPS = ("lookup(", "query(", "q(")
 PRIMITIVES = (str, int, float, bool, type(None))
+# What a key holds for a name no variable has (a template's own loop variable, an undefined one).
+UNSET = object()
 
 
 class Identity:
@@ -95,7 +97,7 @@ class Declarations:
                 if read is None:
                     return (Identity(raw), Identity(variables))
                 pending.extend(read)
-        return (self.marker(raw), *sorted((name, self.marker(variables.get(name, Identity))) for name in seen))
+        return (self.marker(raw), *sorted((name, self.marker(variables.get(name, UNSET))) for name in seen))
 
     def marker(self, value: Any) -> Any:
         """Equal for values that template alike: plain values by type, content and trust, others by identity."""
@@ -122,7 +124,6 @@ class Declarations:
             for item in items:
                 names = self.names(item)
                 if names is None:
-                    found = set()
                     self._names_in_object[identity] = None
                     return None
                 found |= names
