@@ -23,6 +23,7 @@ from gpufleet.collection import collections_dir
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.inventory import target_nodes
 from gpufleet.runner import run_environment, with_hint
+from gpufleet.upstreams import Upstream, load_upstreams, upstream_of
 
 SCHEMA = "gpufleet.fleet-plan/v1"
 
@@ -178,12 +179,23 @@ def document(inventory: Path, plans: list[HostPlan]) -> dict[str, Any]:
 PLACEHOLDER_SHA256 = "0" * 64
 
 
-def sha256_note(artifact: dict[str, Any]) -> str:
-    """Where the sha256 came from; a placeholder pin is named as one, with where the real value comes from."""
+def sha256_note(artifact: dict[str, Any], upstreams: list[Upstream]) -> str:
+    """Where the sha256 came from; a placeholder pin is named as one, with where the real value comes from, and a
+    pin of a file whose upstream publishes no checksum (a driver runfile) as trust on first download."""
     if artifact["sha256"] == PLACEHOLDER_SHA256:
         return (
             f"{artifact['sha256_source']}: a PLACEHOLDER, not a checksum; the nodes would refuse the file: "
             "`gpufleet mirror sync` fetches it and prints its sha256 to pin"
+        )
+    upstream = upstream_of(str(artifact["name"]), upstreams)
+    if (
+        upstream is not None
+        and upstream.checksum_kind == "none"
+        and str(artifact["sha256_source"]).startswith("inventory")
+    ):
+        return (
+            f"{artifact['sha256_source']}: trust on first download, its upstream publishes no sha256 to check it "
+            "against; compare it with a copy from elsewhere"
         )
     return str(artifact["sha256_source"])
 
@@ -195,6 +207,7 @@ def render(plan: dict[str, Any]) -> str:
         + f", {len(plan['classes'])} GPU class(es), {len(plan['failed'])} host(s) failing"
         + (f", {len(plan['capacity_failed'])} instance(s) that cannot start" if plan["capacity_failed"] else "")
     ]
+    upstreams = load_upstreams()
     for number, item in enumerate(plan["classes"], start=1):
         lines.append("")
         lines.append(f"class {number}: {len(item['hosts'])} host(s): {', '.join(item['hosts'])}")
@@ -203,7 +216,7 @@ def render(plan: dict[str, Any]) -> str:
         for artifact in item["artifacts"]:
             lines.append(f"    {artifact['layer']:<8} {artifact['name']}")
             lines.append(f"             {artifact['url']}")
-            lines.append(f"             sha256 {artifact['sha256']}  ({sha256_note(artifact)})")
+            lines.append(f"             sha256 {artifact['sha256']}  ({sha256_note(artifact, upstreams)})")
         lines.extend(f"  warning: {warning}" for warning in item["warnings"])
     for group in plan["capacity"]:
         lines.append("")

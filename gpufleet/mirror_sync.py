@@ -14,7 +14,6 @@ revision are fetched with the Hub's own client and packed deterministically (gpu
 
 from __future__ import annotations
 
-import csv
 import errno
 import html.parser
 import http.client
@@ -32,13 +31,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
 
-from gpufleet import PROJECT_ROOT, __version__, exit_codes, fleet_plan, mirror_manifest, mirror_models
+from gpufleet import __version__, exit_codes, fleet_plan, mirror_manifest, mirror_models
+from gpufleet.upstreams import Upstream, load_upstreams
 from gpufleet.digests import sha256_file
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.mirror_manifest import PARTIAL_SUFFIX, TRUST_ON_FIRST_DOWNLOAD, Entry, Manifest
 from gpufleet.mirror_models import MODEL_KIND, ModelFailure, ModelNeeded
 
-UPSTREAMS_FILE = PROJECT_ROOT / "data" / "mirror" / "upstreams.csv"
 CHUNK = 64 * 1024
 TIMEOUT_SECONDS = 60.0
 # A driver runfile's architecture -> the one NVIDIA's fabric manager archives are named by.
@@ -51,50 +50,6 @@ class ArtifactFailure(GpufleetError):
 
 
 # --- where each file comes from ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """One row of data/mirror/upstreams.csv."""
-
-    kind: str
-    mirror_dir: str
-    name_pattern: str
-    base_url: str
-    path_pattern: str
-    checksum_kind: str  # none | redistrib_json | simple_index
-    checksum_path_pattern: str
-    checksum_note: str
-    source_url: str
-    example_name: str
-    example_url: str
-    example_seen_at: str
-    retrieved: str
-
-    def fields(self, name: str) -> dict[str, str] | None:
-        match = re.match(self.name_pattern, name)
-        if match is None:
-            return None
-        fields = dict(match.groupdict(), name=name)
-        if "project" in fields:
-            # PEP 503's normalized name: the project page's path on an index.
-            fields["project"] = re.sub(r"[-_.]+", "-", fields["project"]).lower()
-        return fields
-
-    def url(self, name: str, base: str) -> str:
-        return _join(base, self.path_pattern.format(**(self.fields(name) or {})))
-
-    def checksum_url(self, name: str, base: str) -> str:
-        return _join(base, self.checksum_path_pattern.format(**(self.fields(name) or {})))
-
-
-def _join(base: str, path: str) -> str:
-    return f"{base.rstrip('/')}/{path}"
-
-
-def load_upstreams(path: Path = UPSTREAMS_FILE) -> list[Upstream]:
-    with path.open(newline="") as handle:
-        return [Upstream(**row) for row in csv.DictReader(handle)]
 
 
 def parse_overrides(items: Iterable[str], upstreams: list[Upstream]) -> dict[str, str]:

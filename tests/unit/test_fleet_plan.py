@@ -280,3 +280,26 @@ def test_bad_input_fails_before_any_host_with_the_fix(lab_copy: Path, where: str
     assert result.returncode == 2, result.stdout + result.stderr
     assert "NOT COMPATIBLE" in result.stdout
     assert message.format(inventory=lab_copy) in " ".join(result.stdout.split())
+
+
+def test_a_pin_nothing_upstream_can_confirm_is_named_trust_on_first_download(tmp_path: Path) -> None:
+    """Issue 35: NVIDIA publishes no sha256 for driver runfiles (data/mirror/upstreams.csv), so the pin `mirror sync`
+    prints for one is whatever was first downloaded; plan says so. A pin the index can confirm (flash-attn's sdist)
+    and the knowledge base's (the toolkit's) are not."""
+    inventory = tmp_path / "example"
+    shutil.copytree(EXAMPLE, inventory)
+    shutil.copytree(PROJECT_ROOT / "inventories" / "example-models", tmp_path / "example-models")
+    main = inventory / "group_vars" / "all" / "main.yml"
+    pinned = 'NVIDIA-Linux-x86_64-575.57.08.run: "' + "0" * 64 + '"'
+    assert pinned in main.read_text()
+    main.write_text(main.read_text().replace(pinned, pinned.replace("0" * 64, "ab" * 32)))
+    result = plan("-i", str(inventory), "--limit", "h100")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    notes = {lines[index - 2].split()[-1]: line for index, line in enumerate(lines) if "sha256 " in line}
+    assert notes["NVIDIA-Linux-x86_64-575.57.08.run"].endswith(
+        "(inventory (gpufleet_artifact_sha256): trust on first download, its upstream publishes no sha256 to check it "
+        "against; compare it with a copy from elsewhere)"
+    )
+    assert notes["flash_attn-2.8.3.tar.gz"].endswith("(inventory (gpufleet_artifact_sha256))")
+    assert "trust on first download" not in notes["cuda_12.8.1_570.124.06_linux.run"]
