@@ -55,11 +55,11 @@ def test_the_collection_imports_no_cli_and_shipped_code_no_controller_code(path:
 
 
 def test_the_graph_sees_the_imports_it_checks() -> None:
-    """The checks above read real imports: the callback's report model, the action's stack resolution."""
+    """The checks above read real imports: the callback's report model, the action's preflight checks."""
     callback = set(imported(PLUGINS / "callback" / "gpufleet_drift.py"))
     assert f"{COLLECTION}plugin_utils.drift_report" in callback
     action = set(imported(PLUGINS / "action" / "stack_validate.py"))
-    assert f"{COLLECTION}plugin_utils.stack_resolve" in action
+    assert f"{COLLECTION}plugin_utils.preflight_checks" in action
 
 
 def role_shipped_module_utils() -> list[Path]:
