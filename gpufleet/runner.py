@@ -294,13 +294,19 @@ def require_hosts(result: PlaybookResult, inventory: Path, limit: str | None) ->
     )
 
 
-def format_summary(result: PlaybookResult) -> str:
+def host_table(hosts: dict[str, dict[str, int]]) -> list[str]:
     """A per-host table: ok / changed / failed / unreachable / skipped."""
     lines = [f"{'host':<20} {'ok':>4} {'changed':>8} {'failed':>7} {'unreachable':>12} {'skipped':>8}"]
-    for host, counts in result.hosts.items():
+    for host, counts in hosts.items():
         lines.append(
             f"{host:<20} {counts['ok']:>4} {counts['changed']:>8} {counts['failures']:>7} "
             f"{counts['unreachable']:>12} {counts['skipped']:>8}"
         )
+    return lines
+
+
+def format_summary(result: PlaybookResult) -> str:
+    """The run's per-host table and its outcome."""
+    lines = host_table(result.hosts)
     lines.append(f"run {result.status} (rc {result.rc}); artifacts in {result.artifacts}")
     return "\n".join(lines)

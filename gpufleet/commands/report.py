@@ -13,7 +13,7 @@ from typing import Any
 
 from gpufleet import exit_codes, run_document
 from gpufleet.errors import UsageError
-from gpufleet.runner import STAT_KEYS
+from gpufleet.runner import STAT_KEYS, host_table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -90,12 +90,7 @@ def render(combined: dict[str, Any]) -> str:
         )
         lines.append(f"  slice {item['index']}/{item['count']}: {len(item['hosts'])} node(s), {outcome}")
     lines.extend(f"  slice {index}/{count}: MISSING (no document given)" for index in combined["missing_slices"])
-    lines.append(f"{'host':<20} {'ok':>4} {'changed':>8} {'failed':>7} {'unreachable':>12} {'skipped':>8}")
-    for host, counters in combined["hosts"].items():
-        lines.append(
-            f"{host:<20} {counters['ok']:>4} {counters['changed']:>8} {counters['failures']:>7} "
-            f"{counters['unreachable']:>12} {counters['skipped']:>8}"
-        )
+    lines.extend(host_table(combined["hosts"]))
     verdict = "every slice done" if combined["exit_code"] == exit_codes.OK else combined["error"] or "a slice failed"
     lines.append(f"{verdict} (exit {combined['exit_code']})")
     return "\n".join(lines)
