@@ -27,6 +27,8 @@
 # logs its set-up (NCCL_DEBUG=INFO: the interface its bootstrap and socket transport use, the P2P paths).
 # WHEELHOUSE holds the wheels of tests/fixtures/h200-real/vllm_wheelhouse.txt that BASE_PYTHON lacks
 # (pip download --no-deps --only-binary=:all: for its Python and platform); BASE_PYTHON holds torch.
+# VENV=DIR: serve from that venv as it is (one the inference_venv role built: scripts/verify-local-venv.sh)
+# instead of layering one on BASE_PYTHON; WHEELHOUSE is then not read.
 set -uo pipefail
 
 wheelhouse="$(realpath "$1")" outdir="$(realpath -m "$2")" base_python="${3:-python3}"
@@ -76,7 +78,12 @@ make_venv() {
     --disable-pip-version-check "$wheelhouse"/*.whl || return 1
   "$venv/bin/python" -c 'import torch, vllm, ansible; print("torch", torch.__version__, "cuda", torch.version.cuda, "vllm", vllm.__version__, "ansible-core", ansible.__version__ if hasattr(ansible, "__version__") else "")'
 }
-run venv make_venv || exit 1
+if [ -n "${VENV:-}" ]; then
+  venv="$(realpath "$VENV")" base_bin="$venv/bin"
+  run venv "$venv/bin/python" -c 'import torch, vllm; print("torch", torch.__version__, "cuda", torch.version.cuda, "vllm", vllm.__version__)' || exit 1
+else
+  run venv make_venv || exit 1
+fi
 export PATH="$venv/bin:$PATH"
 python="$venv/bin/python"
 ansible_local=(ansible localhost -i localhost, -c local -e "ansible_python_interpreter=$python")
@@ -268,6 +275,19 @@ print(json.dumps({"url": "http://127.0.0.1:" + sys.argv[2], "api_key": sys.argv[
 run warmup "${ansible_local[@]}" -m gpufleet.fleet.openai_probe -a "$(warmup_args)"
 run steady "${ansible_local[@]}" -m gpufleet.fleet.openai_probe -a "$(warmup_args)"
 run nvidia_gpu_info "${ansible_local[@]}" -m gpufleet.fleet.nvidia_gpu_info
+# The role's own check after warm-up (vllm_service's warmup.yml), given the instance's processes: the unit's
+# cgroup here is vLLM's process session.
+gpu_memory_args() {
+  "$python" -c '
+import json, sys, yaml
+defaults = yaml.safe_load(open(sys.argv[1]))
+print(json.dumps({"instances": [{"name": sys.argv[2], "gpus": [int(g) for g in sys.argv[3].split(",")],
+                                 "gpu_memory_utilization": defaults["vllm_service_instance_defaults"]["gpu_memory_utilization"],
+                                 "pids": [int(p) for p in sys.argv[4].split()]}],
+                  "tolerance": defaults["vllm_service_gpu_memory_tolerance"]}))' \
+    roles/vllm_service/defaults/main.yml "$instance" "$gpus" "$(pgrep -s "$vllm_pid" | tr '\n' ' ')"
+}
+run gpu_memory_check "${ansible_local[@]}" -M roles/vllm_service/library -m vllm_gpu_memory -a "$(gpu_memory_args)"
 run nvidia-smi-apps nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
 run nvidia-smi-memory nvidia-smi --query-gpu=memory.used,memory.total,memory.reserved --format=csv
 
