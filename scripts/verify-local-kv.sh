@@ -16,25 +16,29 @@ mkdir -p "$outdir"
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(Qwen--Qwen2.5-7B:32768 meta-llama--Meta-Llama-3.1-8B Qwen--Qwen3-8B google--gemma-2-9b-it)
 
-for entry in "${models[@]}"; do
-  name="${entry%%:*}" length=""
-  [ "$name" != "$entry" ] && length="${entry#*:}"
-  echo "=== $name ${length:-(the model's own max_model_len)}"
-  started="$(date +%s)"
-  # Offline: the model directory holds only the published config; no tokenizer is read.
-  HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 timeout 240 "$venv/bin/python" - "tests/fixtures/model_configs/$name" "$length" \
-    >"$outdir/$name.log" 2>&1 <<'PY'
+# A file, not stdin: vLLM's engine core is a spawned process that imports the main module again.
+cat >"$outdir/kv.py" <<'PY'
 import sys
 
 import torch
 from vllm import LLM
 
-print("torch total_memory", torch.cuda.get_device_properties(0).total_memory, flush=True)
-extra = {"max_model_len": int(sys.argv[2])} if sys.argv[2] else {}
-LLM(model=sys.argv[1], load_format="dummy", skip_tokenizer_init=True, gpu_memory_utilization=0.9, **extra)
-print("engine ready", flush=True)
+if __name__ == "__main__":
+    print("torch total_memory", torch.cuda.get_device_properties(0).total_memory, flush=True)
+    extra = {"max_model_len": int(sys.argv[2])} if sys.argv[2] else {}
+    LLM(model=sys.argv[1], load_format="dummy", skip_tokenizer_init=True, gpu_memory_utilization=0.9, **extra)
+    print("engine ready", flush=True)
 PY
+
+for entry in "${models[@]}"; do
+  name="${entry%%:*}" length=""
+  [ "$name" != "$entry" ] && length="${entry#*:}"
+  echo "=== $name ${length:-(max_position_embeddings)}"
+  started="$(date +%s)"
+  # Offline: the model directory holds only the published config; no tokenizer is read.
+  HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 timeout 240 "$venv/bin/python" "$outdir/kv.py" \
+    "tests/fixtures/model_configs/$name" "$length" >"$outdir/$name.log" 2>&1
   echo "rc=$? seconds=$(( $(date +%s) - started ))" >>"$outdir/$name.log"
-  grep -E "total_memory|non-default args|Model loading took|Available KV cache memory|GPU KV cache size|Maximum concurrency|engine ready|Error|rc=" \
+  grep -E "total_memory|non-default args|Model loading took|Available KV cache memory|GPU KV cache size|Maximum concurrency|Actual usage|engine ready|Error|rc=" \
     "$outdir/$name.log" | cut -c1-300
 done

@@ -5,8 +5,9 @@ The GPU machine has torch of its CUDA variant installed but no index to download
 calls to it carry 64 MiB. This writes, into OUT:
   - the carried wheels of WHEELS, as they are;
   - a wheel of every distribution installed in this interpreter's environment that those wheels need
-    (their Requires-Dist followed transitively, markers evaluated here), repacked from the files its RECORD
-    lists: the same files pip installed from the index's wheel, the same version and tags;
+    (their Requires-Dist followed transitively with the extras asked for, markers evaluated here), repacked
+    from the files its RECORD lists with their modes (bin/ files as the wheel's scripts): the same files pip
+    installed from the index's wheel, the same version and tags;
   - a lock (`# gpufleet lock: STACK_ID`, one `name==version --hash=sha256:` entry per wheel), written by
     the pip_lock module's own writer, so the inference_venv role installs OUT with --require-hashes.
 Requirements found in neither place (optional kernels left out of the carried set) are listed, not fatal.
@@ -35,12 +36,13 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils import pip_lock  # 
 INSTALL_ONLY = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
 
 
-def requirements(metadata_text: str) -> list[Requirement]:
-    """The Requires-Dist entries that apply here without extras."""
+def requirements(metadata_text: str, extras: frozenset[str] = frozenset()) -> list[Requirement]:
+    """The Requires-Dist entries that apply here, for the distribution's base and the extras asked of it."""
     found = []
     for line in Parser().parsestr(metadata_text).get_all("Requires-Dist") or []:
         requirement = Requirement(line)
-        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+        marker = requirement.marker
+        if marker is None or any(marker.evaluate({"extra": extra}) for extra in {"", *extras}):
             found.append(requirement)
     return found
 
@@ -72,18 +74,35 @@ def wheel_tag(dist: importlib.metadata.Distribution) -> str:
     return "-".join(".".join(part) for part in parts)
 
 
+def source_script(dist: importlib.metadata.Distribution, member: importlib.metadata.PackagePath) -> Path | None:
+    """The bin/ file a RECORD entry outside site-packages names, unless an entry point makes it."""
+    path = Path(str(dist.locate_file(member))).resolve()
+    console = {entry.name for entry in dist.entry_points if entry.group in ("console_scripts", "gui_scripts")}
+    if path.parent.name != "bin" or path.name in console or not path.is_file():
+        return None
+    return path
+
+
 def repack(dist: importlib.metadata.Distribution, out: Path) -> Path:
     """A wheel of the installed distribution's files (scripts are made again by pip from entry_points.txt)."""
     name = re.sub(r"[-_.]+", "_", dist.metadata["Name"]).lower()
     target = out / f"{name}-{dist.version}-{wheel_tag(dist)}.whl"
     site = Path(str(dist.locate_file("")))
     records = []
+    scripts: list[Path] = []
     dist_info = ""
     with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as archive:
         for member in sorted(dist.files or [], key=str):
             relative = str(member)
             top = member.parts[0]
-            if top == ".." or "__pycache__" in member.parts or relative.endswith(".pyc"):
+            if "__pycache__" in member.parts or relative.endswith(".pyc"):
+                continue
+            if top == "..":
+                # Installed outside site-packages: a script in the environment's bin/ (ninja's own binary is one)
+                # goes back under .data/scripts; pip writes entry points' scripts again itself.
+                script = source_script(dist, member)
+                if script is not None:
+                    scripts.append(script)
                 continue
             if top.endswith(".dist-info"):
                 dist_info = top
@@ -93,7 +112,15 @@ def repack(dist: importlib.metadata.Distribution, out: Path) -> Path:
             if not source.is_file():
                 continue
             data = source.read_bytes()
-            archive.writestr(relative, data)
+            # Mode bits travel in the zip entry (pip keeps the executable bit: triton's ptxas needs it).
+            entry = zipfile.ZipInfo.from_file(source, relative)
+            archive.writestr(entry, data)
+            records.append(record_line(relative, data))
+        data_dir = dist_info.removesuffix(".dist-info") + ".data"
+        for script in scripts:
+            relative = f"{data_dir}/scripts/{script.name}"
+            data = script.read_bytes()
+            archive.writestr(zipfile.ZipInfo.from_file(script, relative), data)
             records.append(record_line(relative, data))
         records.append(f"{dist_info}/RECORD,,")
         archive.writestr(f"{dist_info}/RECORD", "\n".join(records) + "\n")
@@ -112,24 +139,34 @@ def main(wheels: Path, out: Path, stack_id: str, python_version: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     installed = {pip_lock.canonical_name(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
     files: dict[str, Path] = {}
+    carried_metadata: dict[str, str] = {}
     pending: list[Requirement] = []
     for carried in sorted(wheels.glob("*.whl")):
         name, _, text = wheel_metadata(carried)
-        files[pip_lock.canonical_name(name)] = Path(shutil.copy2(carried, out / carried.name))
-        pending.extend(requirements(text))
+        key = pip_lock.canonical_name(name)
+        files[key] = Path(shutil.copy2(carried, out / carried.name))
+        carried_metadata[key] = text
+        pending.append(Requirement(name))
     missing: set[str] = set()
+    followed: set[tuple[str, frozenset[str]]] = set()
     while pending:
         requirement = pending.pop()
         key = pip_lock.canonical_name(requirement.name)
-        if key in files or key in missing:
+        extras = frozenset(requirement.extras)
+        if (key, extras) in followed or key in missing:
+            continue
+        followed.add((key, extras))
+        if key in carried_metadata:
+            pending.extend(requirements(carried_metadata[key], extras))
             continue
         dist = installed.get(key)
         if dist is None:
             missing.add(key)
             continue
-        files[key] = repack(dist, out)
-        print(f"repacked {files[key].name} ({files[key].stat().st_size / 1e6:.1f} MB)", flush=True)
-        pending.extend(requirements(dist.read_text("METADATA") or ""))
+        if key not in files:
+            files[key] = repack(dist, out)
+            print(f"repacked {files[key].name} ({files[key].stat().st_size / 1e6:.1f} MB)", flush=True)
+        pending.extend(requirements(dist.read_text("METADATA") or "", extras))
     entries = []
     for path in files.values():
         name, version, _ = wheel_metadata(path)
