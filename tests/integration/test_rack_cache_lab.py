@@ -42,6 +42,15 @@ PULL = """
         artifact_fetch: node
 """
 
+CONVERGE = """
+- name: Converge the rack caches
+  hosts: rack_caches
+  gather_facts: false
+  become: true
+  roles:
+    - gpufleet.fleet.rack_cache
+"""
+
 REMOVE = """
 - name: Remove the rack caches
   hosts: rack_caches
@@ -119,6 +128,30 @@ def run(lab_inventory: Path, pattern: str, command: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
+def main_pid(lab_inventory: Path, host: str) -> int:
+    """The rack cache's main process on the host: a new one after each restart."""
+    result = subprocess.run(
+        [
+            str(BIN / "ansible"),
+            "-i",
+            str(lab_inventory),
+            host,
+            "-b",
+            "-m",
+            "ansible.builtin.command",
+            "-a",
+            "systemctl show --property MainPID --value gpufleet-rack-cache",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-1000:]
+    return int(result.stdout.strip().splitlines()[-1])
+
+
 def pull(lab_inventory: Path, inventory: Path, model: dict[str, Any]) -> tuple[int, str]:
     """Each node's copy of the model dropped from its artifact cache and pulled again: the bytes the mirror sent
     for the model meanwhile, and the run's output."""
@@ -168,3 +201,22 @@ def test_each_rack_costs_the_mirror_one_copy_and_a_bad_cache_is_passed_over(
     assert f"the rack cache http://127.0.0.1:{PORT} {REFUSED}: The checksum for" in lines, output[-3000:]
     assert "did not match" in lines and model["sha256"] in lines
     assert "Connection refused" in lines
+
+
+def test_a_configuration_a_killed_run_left_unloaded_is_loaded_by_the_next_run(
+    lab_inventory: Path, lab_hosts: dict[str, dict], two_racks: Path
+) -> None:
+    first = sorted(lab_hosts)[0]
+    converge = two_racks.parent / "converge.yml"
+    converge.write_text(CONVERGE)
+    before = main_pid(lab_inventory, first)
+    # A run for rack_cache_inactive 29d killed after writing the configuration, before the restart: the live file is
+    # the new one, the service still runs the old one.
+    run(lab_inventory, first, "sed -i 's/30d/29d/g' /etc/gpufleet/rack-cache/nginx.conf")
+    output = playbook(lab_inventory, two_racks, converge, "--limit", first, "-e", "rack_cache_inactive=29d")
+    restarted = main_pid(lab_inventory, first)
+    assert restarted != before, output[-3000:]
+    # Loaded and recorded: the next run has nothing to restart.
+    output = playbook(lab_inventory, two_racks, converge, "--limit", first, "-e", "rack_cache_inactive=29d")
+    assert main_pid(lab_inventory, first) == restarted, output[-3000:]
+    assert "changed=0" in output, output[-3000:]
