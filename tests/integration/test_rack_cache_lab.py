@@ -5,11 +5,13 @@ mirror instead.
 
 The two lab hosts make two racks, each its own cache (a peer of the rack), then one rack whose second node reads
 from the first's cache over the lab's cluster link. The mirror counts the bytes it sends per file
-(gpufleet.lab.mirror_server), which is what is measured.
+(gpufleet.lab.mirror_server), which is what is measured. In the default controller mode, the controller's copy is
+hashed by the run's first host only.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +43,8 @@ PULL = """
         artifact_name: "model {{ model_store_models[0].name }}"
         artifact_fetch: node
 """
+
+CONTROLLER = PULL.replace("artifact_fetch: node", "artifact_fetch: controller")
 
 CONVERGE = """
 - name: Converge the rack caches
@@ -116,7 +120,8 @@ def two_racks(
         playbook(lab_inventory, inventory, directory / "remove.yml")
 
 
-def run(lab_inventory: Path, pattern: str, command: str) -> None:
+def run(lab_inventory: Path, pattern: str, command: str) -> str:
+    """A shell command as root on the hosts of the pattern; ansible's output, asserting success."""
     result = subprocess.run(
         [str(BIN / "ansible"), "-i", str(lab_inventory), pattern, "-b", "-m", "ansible.builtin.shell", "-a", command],
         capture_output=True,
@@ -126,30 +131,14 @@ def run(lab_inventory: Path, pattern: str, command: str) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    return result.stdout
 
 
 def main_pid(lab_inventory: Path, host: str) -> int:
     """The rack cache's main process on the host: a new one after each restart."""
-    result = subprocess.run(
-        [
-            str(BIN / "ansible"),
-            "-i",
-            str(lab_inventory),
-            host,
-            "-b",
-            "-m",
-            "ansible.builtin.command",
-            "-a",
-            "systemctl show --property MainPID --value gpufleet-rack-cache",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        timeout=120,
-        check=False,
+    return int(
+        run(lab_inventory, host, "systemctl show --property MainPID --value gpufleet-rack-cache").splitlines()[-1]
     )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-1000:]
-    return int(result.stdout.strip().splitlines()[-1])
 
 
 def pull(lab_inventory: Path, inventory: Path, model: dict[str, Any]) -> tuple[int, str]:
@@ -220,3 +209,20 @@ def test_a_configuration_a_killed_run_left_unloaded_is_loaded_by_the_next_run(
     output = playbook(lab_inventory, two_racks, converge, "--limit", first, "-e", "rack_cache_inactive=29d")
     assert main_pid(lab_inventory, first) == restarted, output[-3000:]
     assert "changed=0" in output, output[-3000:]
+
+
+def test_the_controller_hashes_its_copy_once_per_run(
+    lab_inventory: Path, lab_hosts: dict[str, dict], two_racks: Path, model: dict[str, Any]
+) -> None:
+    controller = two_racks.parent / "controller.yml"
+    controller.write_text(CONTROLLER)
+    for _run in range(2):
+        run(lab_inventory, "gpu_nodes", f"rm -rf {NODE_CACHE}/{model['sha256']}")
+        output = playbook(lab_inventory, two_racks, controller, "-v")
+        hashed = re.findall(r'"?hashed"?: (true|false)', output)
+        assert sorted(hashed) == ["false"] * (len(lab_hosts) - 1) + ["true"], output[-3000:]
+        run(
+            lab_inventory,
+            "gpu_nodes",
+            f"cd {NODE_CACHE}/{model['sha256']} && sha256sum *.tar.gz | grep -q '^{model['sha256']} '",
+        )
