@@ -29,41 +29,8 @@ PORT = 8781
 NODE_CACHE = "/var/cache/gpufleet/artifacts"
 CACHE_FILES = "/var/cache/gpufleet/rack-cache/files"
 
-PLAYS = {
-    "converge.yml": """
-- name: Converge the rack caches
-  hosts: rack_caches
-  gather_facts: false
-  become: true
-  roles:
-    - gpufleet.fleet.rack_cache
-""",
-    "pull.yml": """
-- name: Pull the lab's model on each node, through its rack's cache
-  hosts: gpu_nodes
-  gather_facts: false
-  become: true
-  tasks:
-    - name: Pull the model
-      ansible.builtin.include_role:
-        name: gpufleet.fleet.artifact
-      vars:
-        artifact_spec: {url: "{{ model_store_models[0].url }}", sha256: "{{ model_store_models[0].sha256 }}"}
-        artifact_name: "model {{ model_store_models[0].name }}"
-        artifact_fetch: node
-""",
-    "remove.yml": """
-- name: Remove the rack caches
-  hosts: rack_caches
-  gather_facts: false
-  become: true
-  tasks:
-    - name: Remove the rack cache
-      ansible.builtin.include_role:
-        name: gpufleet.fleet.rack_cache
-        tasks_from: remove.yml
-""",
-}
+# Converge the caches, fetch the lab's model on every node, remove the caches (lab/plays/README.md).
+PLAYS = PROJECT_ROOT / "lab" / "plays"
 
 
 def racks_inventory(hosts: dict[str, dict], path: Path) -> list[list[str]]:
@@ -108,11 +75,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as work:
         root = Path(work)
         racks = racks_inventory(hosts, root / "racks.yml")
-        for name, text in PLAYS.items():
-            (root / name).write_text(text)
         playbook = [str(BIN / "ansible-playbook"), "-i", str(LAB), "-i", str(root / "racks.yml")]
         shell = [str(BIN / "ansible"), "-i", str(LAB), "-b", "-m", "ansible.builtin.shell", "-a"]
-        ansible([*playbook, str(root / "converge.yml")])
+        ansible([*playbook, str(PLAYS / "rack_cache_converge.yml")])
         try:
             caches = ",".join(rack[0] for rack in racks)
             ansible(
@@ -124,10 +89,10 @@ def main() -> int:
             )
             ansible([*shell, f"rm -rf {NODE_CACHE}/{declared['sha256']}", "gpu_nodes"])
             before = mirror.served_bytes().get(model_path, 0)
-            output = ansible([*playbook, str(root / "pull.yml")])
+            output = ansible([*playbook, str(PLAYS / "artifact_pull.yml")])
             sent = mirror.served_bytes().get(model_path, 0) - before
         finally:
-            ansible([*playbook, str(root / "remove.yml")])
+            ansible([*playbook, str(PLAYS / "rack_cache_remove.yml")])
     print(f"model file {model_path}: {size:,} bytes; {len(hosts)} hosts in {len(racks)} racks:")
     for rack in racks:
         print(f"  rack of {', '.join(rack)}: cache on {rack[0]}")

@@ -29,43 +29,11 @@ NODE_CACHE = "/var/cache/gpufleet/artifacts"
 CACHE_FILES = "/var/cache/gpufleet/rack-cache/files"
 REFUSED = "was not used"
 
-PULL = """
-- name: Pull the lab's model on each node, through its rack's cache
-  hosts: gpu_nodes
-  gather_facts: false
-  become: true
-  tasks:
-    - name: Pull the model
-      ansible.builtin.include_role:
-        name: gpufleet.fleet.artifact
-      vars:
-        artifact_spec: {url: "{{ model_store_models[0].url }}", sha256: "{{ model_store_models[0].sha256 }}"}
-        artifact_name: "model {{ model_store_models[0].name }}"
-        artifact_fetch: node
-"""
-
-CONTROLLER = PULL.replace("artifact_fetch: node", "artifact_fetch: controller")
-
-CONVERGE = """
-- name: Converge the rack caches
-  hosts: rack_caches
-  gather_facts: false
-  become: true
-  roles:
-    - gpufleet.fleet.rack_cache
-"""
-
-REMOVE = """
-- name: Remove the rack caches
-  hosts: rack_caches
-  gather_facts: false
-  become: true
-  tasks:
-    - name: Remove the rack cache
-      ansible.builtin.include_role:
-        name: gpufleet.fleet.rack_cache
-        tasks_from: remove.yml
-"""
+# Converge the caches, fetch the lab's model on every node, remove the caches (lab/plays/README.md).
+PLAYS = PROJECT_ROOT / "lab" / "plays"
+CONVERGE, PULL, REMOVE = (
+    PLAYS / name for name in ("rack_cache_converge.yml", "artifact_pull.yml", "rack_cache_remove.yml")
+)
 
 
 def racks(directory: Path, name: str, urls: dict[str, str]) -> Path:
@@ -108,7 +76,6 @@ def two_racks(
     directory = tmp_path_factory.mktemp("racks")
     inventory = racks(directory, "rack_own", {host: f"http://127.0.0.1:{PORT}" for host in lab_hosts})
     playbook(lab_inventory, inventory, PROJECT_ROOT / "playbooks" / "base.yml")
-    (directory / "remove.yml").write_text(REMOVE)
     try:
         run(
             lab_inventory,
@@ -117,7 +84,7 @@ def two_racks(
         )
         yield inventory
     finally:
-        playbook(lab_inventory, inventory, directory / "remove.yml")
+        playbook(lab_inventory, inventory, REMOVE)
 
 
 def run(lab_inventory: Path, pattern: str, command: str) -> str:
@@ -146,7 +113,7 @@ def pull(lab_inventory: Path, inventory: Path, model: dict[str, Any]) -> tuple[i
     for the model meanwhile, and the run's output."""
     run(lab_inventory, "gpu_nodes", f"rm -rf {NODE_CACHE}/{model['sha256']}")
     before = mirror.served_bytes().get(model["path"], 0)
-    output = playbook(lab_inventory, inventory, inventory.parent / "pull.yml")
+    output = playbook(lab_inventory, inventory, PULL)
     run(
         lab_inventory,
         "gpu_nodes",
@@ -158,7 +125,6 @@ def pull(lab_inventory: Path, inventory: Path, model: dict[str, Any]) -> tuple[i
 def test_each_rack_costs_the_mirror_one_copy_and_a_bad_cache_is_passed_over(
     lab_inventory: Path, lab_hosts: dict[str, dict], two_racks: Path, model: dict[str, Any]
 ) -> None:
-    (two_racks.parent / "pull.yml").write_text(PULL)
     first, second = sorted(lab_hosts)
 
     # Two racks, two empty caches: one copy each from the mirror.
@@ -171,7 +137,6 @@ def test_each_rack_costs_the_mirror_one_copy_and_a_bad_cache_is_passed_over(
     one_rack = racks(
         two_racks.parent, "rack_one", {first: f"http://127.0.0.1:{PORT}", second: f"http://{cluster}:{PORT}"}
     )
-    (one_rack.parent / "pull.yml").write_text(PULL)
     sent, output = pull(lab_inventory, one_rack, model)
     assert sent == 0, output[-3000:]
     assert REFUSED not in output
@@ -196,17 +161,15 @@ def test_a_configuration_a_killed_run_left_unloaded_is_loaded_by_the_next_run(
     lab_inventory: Path, lab_hosts: dict[str, dict], two_racks: Path
 ) -> None:
     first = sorted(lab_hosts)[0]
-    converge = two_racks.parent / "converge.yml"
-    converge.write_text(CONVERGE)
     before = main_pid(lab_inventory, first)
     # A run for rack_cache_inactive 29d killed after writing the configuration, before the restart: the live file is
     # the new one, the service still runs the old one.
     run(lab_inventory, first, "sed -i 's/30d/29d/g' /etc/gpufleet/rack-cache/nginx.conf")
-    output = playbook(lab_inventory, two_racks, converge, "--limit", first, "-e", "rack_cache_inactive=29d")
+    output = playbook(lab_inventory, two_racks, CONVERGE, "--limit", first, "-e", "rack_cache_inactive=29d")
     restarted = main_pid(lab_inventory, first)
     assert restarted != before, output[-3000:]
     # Loaded and recorded: the next run has nothing to restart.
-    output = playbook(lab_inventory, two_racks, converge, "--limit", first, "-e", "rack_cache_inactive=29d")
+    output = playbook(lab_inventory, two_racks, CONVERGE, "--limit", first, "-e", "rack_cache_inactive=29d")
     assert main_pid(lab_inventory, first) == restarted, output[-3000:]
     assert "changed=0" in output, output[-3000:]
 
@@ -214,11 +177,9 @@ def test_a_configuration_a_killed_run_left_unloaded_is_loaded_by_the_next_run(
 def test_the_controller_hashes_its_copy_once_per_run(
     lab_inventory: Path, lab_hosts: dict[str, dict], two_racks: Path, model: dict[str, Any]
 ) -> None:
-    controller = two_racks.parent / "controller.yml"
-    controller.write_text(CONTROLLER)
     for _run in range(2):
         run(lab_inventory, "gpu_nodes", f"rm -rf {NODE_CACHE}/{model['sha256']}")
-        output = playbook(lab_inventory, two_racks, controller, "-v")
+        output = playbook(lab_inventory, two_racks, PULL, "-e", "lab_artifact_fetch=controller", "-v")
         hashed = re.findall(r'"?hashed"?: (true|false)', output)
         assert sorted(hashed) == ["false"] * (len(lab_hosts) - 1) + ["true"], output[-3000:]
         run(
