@@ -36,6 +36,7 @@ SETTING_VARIABLES = {
     ("defaults", "roles_path"): "ANSIBLE_ROLES_PATH",
     ("defaults", "interpreter_python"): "ANSIBLE_PYTHON_INTERPRETER",
     ("defaults", "inject_facts_as_vars"): "ANSIBLE_INJECT_FACT_VARS",
+    ("defaults", "gathering"): "ANSIBLE_GATHERING",
     ("defaults", "stdout_callback"): "ANSIBLE_STDOUT_CALLBACK",
     ("defaults", "callback_result_format"): "ANSIBLE_CALLBACK_RESULT_FORMAT",
     ("defaults", "forks"): "ANSIBLE_FORKS",

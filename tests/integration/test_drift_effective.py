@@ -15,6 +15,7 @@ undone at the end, whatever failed.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,6 +76,17 @@ def changed_tasks(run: Path) -> list[tuple[str, str]]:
     return changed
 
 
+def fact_gatherings(run: Path) -> Counter[str]:
+    """How many times a provision run gathered each host's facts (its plays' implicit setup), from its job events."""
+    gathered: Counter[str] = Counter()
+    for path in run.glob("artifacts/*/job_events/*.json"):
+        event = json.loads(path.read_text())
+        data = event.get("event_data", {})
+        if event.get("event") == "runner_on_ok" and data.get("task") == "Gathering Facts":
+            gathered[data.get("host", "")] += 1
+    return gathered
+
+
 @pytest.fixture()
 def tampered(lab_inventory: Path, lab_hosts: dict[str, dict]) -> Iterator[str]:
     host = sorted(lab_hosts)[0]
@@ -130,3 +142,5 @@ def test_drift_sees_the_effective_state_and_agrees_with_provision(
     assert ("vllm_service", "Keep the instance enabled at boot: vllm@greedy") in changed
     blind = [(role, task) for role, task in changed if statuses.get(roles.get(role, "?")) != "drifted"]
     assert blind == [], f"provision changed what drift called clean: {blind} (drift: {statuses})"
+    # One setup for the whole run (ansible.cfg's gathering = smart), not one in each of its plays.
+    assert fact_gatherings(run) == {host: 1}
