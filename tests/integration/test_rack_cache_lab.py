@@ -6,7 +6,8 @@ mirror instead.
 The two lab hosts make two racks, each its own cache (a peer of the rack), then one rack whose second node reads
 from the first's cache over the lab's cluster link. The mirror counts the bytes it sends per file
 (gpufleet.lab.mirror_server), which is what is measured. In the default controller mode, the controller's copy is
-hashed by the run's first host only.
+hashed by the run's first host only, and a node that holds the pinned file gets no copy (nothing hashed for it on
+the controller).
 """
 
 from __future__ import annotations
@@ -174,16 +175,44 @@ def test_a_configuration_a_killed_run_left_unloaded_is_loaded_by_the_next_run(
     assert "changed=0" in output, output[-3000:]
 
 
+def task_results(output: str, task: str) -> dict[str, str]:
+    """host -> what a task reported for it (ok, changed, skipping, ...), from a run's default output."""
+    results: dict[str, str] = {}
+    within = False
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            within = task in line
+        elif within and (found := re.match(r"^(ok|changed|skipping|fatal): \[([^\]]+)\]", line)):
+            results[found.group(2)] = found.group(1)
+    return results
+
+
 def test_the_controller_hashes_its_copy_once_per_run(
     lab_inventory: Path, lab_hosts: dict[str, dict], two_racks: Path, model: dict[str, Any]
 ) -> None:
+    pinned = f"cd {NODE_CACHE}/{model['sha256']} && sha256sum *.tar.gz | grep -q '^{model['sha256']} '"
+    nodes = sorted(lab_hosts)
     for _run in range(2):
         run(lab_inventory, "gpu_nodes", f"rm -rf {NODE_CACHE}/{model['sha256']}")
         output = playbook(lab_inventory, two_racks, PULL, "-e", "lab_artifact_fetch=controller", "-v")
         hashed = re.findall(r'"?hashed"?: (true|false)', output)
         assert sorted(hashed) == ["false"] * (len(lab_hosts) - 1) + ["true"], output[-3000:]
-        run(
-            lab_inventory,
-            "gpu_nodes",
-            f"cd {NODE_CACHE}/{model['sha256']} && sha256sum *.tar.gz | grep -q '^{model['sha256']} '",
-        )
+        assert task_results(output, "Copy to the node") == dict.fromkeys(nodes, "changed"), output[-3000:]
+        run(lab_inventory, "gpu_nodes", pinned)
+    # Nodes that hold the pinned file get no copy: the controller checksums nothing for them (copy would hash its
+    # source once per host), and the node hashes its file once.
+    output = playbook(lab_inventory, two_racks, PULL, "-e", "lab_artifact_fetch=controller", "-v")
+    assert task_results(output, "Copy to the node") == dict.fromkeys(nodes, "skipping"), output[-3000:]
+    assert task_results(output, "Hash on the node") == dict.fromkeys(nodes, "skipping"), output[-3000:]
+    assert all(f"{node} " in line and "changed=0" in line for node, line in zip(nodes, recap(output), strict=True))
+    # A node whose file was changed gets the copy again; the other is left alone.
+    run(lab_inventory, nodes[0], f"for file in {NODE_CACHE}/{model['sha256']}/*.tar.gz; do echo tampered >> $file; done")
+    output = playbook(lab_inventory, two_racks, PULL, "-e", "lab_artifact_fetch=controller", "-v")
+    copied = {node: "changed" if node == nodes[0] else "skipping" for node in nodes}
+    assert task_results(output, "Copy to the node") == copied, output[-3000:]
+    run(lab_inventory, "gpu_nodes", pinned)
+
+
+def recap(output: str) -> list[str]:
+    """The PLAY RECAP's host lines, in host order."""
+    return sorted(line for line in output.split("PLAY RECAP", 1)[-1].splitlines() if "changed=" in line)
