@@ -85,8 +85,8 @@ def test_the_tarball_is_dropped_once_every_model_of_it_is_staged(tmp_path: Path)
     assert (tmp_path / "models" / "tiny" / "model.safetensors").is_file()
     assert (tmp_path / "models" / "tiny-greedy" / "model.safetensors").is_file()
     copies = result.stdout.split("TASK [artifact : Copy to the node: model ")[1:]
-    assert [copy.split("\n")[1].split(":")[0] for copy in copies] == ["changed", "ok"], (
-        "copied once: the second model finds the tarball still there"
+    assert [copy.split("\n")[1].split(":")[0] for copy in copies] == ["changed", "skipping"], (
+        "copied once: the second model finds the tarball still there, with its sha256, and copies nothing"
     )
     assert not (tmp_path / "node-cache" / digest).exists(), "dropped after staging"
 
