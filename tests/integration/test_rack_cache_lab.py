@@ -206,7 +206,9 @@ def test_the_controller_hashes_its_copy_once_per_run(
     assert task_results(output, "Hash on the node") == dict.fromkeys(nodes, "skipping"), output[-3000:]
     assert all(f"{node} " in line and "changed=0" in line for node, line in zip(nodes, recap(output), strict=True))
     # A node whose file was changed gets the copy again; the other is left alone.
-    run(lab_inventory, nodes[0], f"for file in {NODE_CACHE}/{model['sha256']}/*.tar.gz; do echo tampered >> $file; done")
+    run(
+        lab_inventory, nodes[0], f"for file in {NODE_CACHE}/{model['sha256']}/*.tar.gz; do echo tampered >> $file; done"
+    )
     output = playbook(lab_inventory, two_racks, PULL, "-e", "lab_artifact_fetch=controller", "-v")
     copied = {node: "changed" if node == nodes[0] else "skipping" for node in nodes}
     assert task_results(output, "Copy to the node") == copied, output[-3000:]
