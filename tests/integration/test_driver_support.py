@@ -47,6 +47,15 @@ class PlayRun:
         return found
 
 
+def recap_changed(output: str) -> dict[str, int]:
+    """host -> changed= of an ansible-playbook run's PLAY RECAP."""
+    return {
+        line.split()[0]: int(line.split("changed=")[1].split()[0])
+        for line in output.splitlines()
+        if " changed=" in line and ":" in line
+    }
+
+
 def publish_standins() -> dict[str, str]:
     """Builds and publishes the LAB-STANDIN runfiles; returns file name -> sha256."""
     result = subprocess.run(

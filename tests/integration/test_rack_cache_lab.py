@@ -23,6 +23,7 @@ import yaml
 
 from gpufleet import PROJECT_ROOT
 from gpufleet.lab import mirror
+from test_driver_support import recap_changed
 
 BIN = PROJECT_ROOT / ".venv" / "bin"
 PORT = 8781
@@ -204,7 +205,7 @@ def test_the_controller_hashes_its_copy_once_per_run(
     output = playbook(lab_inventory, two_racks, PULL, "-e", "lab_artifact_fetch=controller", "-v")
     assert task_results(output, "Copy to the node") == dict.fromkeys(nodes, "skipping"), output[-3000:]
     assert task_results(output, "Hash on the node") == dict.fromkeys(nodes, "skipping"), output[-3000:]
-    assert all(f"{node} " in line and "changed=0" in line for node, line in zip(nodes, recap(output), strict=True))
+    assert recap_changed(output) == dict.fromkeys(nodes, 0), output[-3000:]
     # A node whose file was changed gets the copy again; the other is left alone.
     run(
         lab_inventory, nodes[0], f"for file in {NODE_CACHE}/{model['sha256']}/*.tar.gz; do echo tampered >> $file; done"
@@ -213,8 +214,3 @@ def test_the_controller_hashes_its_copy_once_per_run(
     copied = {node: "changed" if node == nodes[0] else "skipping" for node in nodes}
     assert task_results(output, "Copy to the node") == copied, output[-3000:]
     run(lab_inventory, "gpu_nodes", pinned)
-
-
-def recap(output: str) -> list[str]:
-    """The PLAY RECAP's host lines, in host order."""
-    return sorted(line for line in output.split("PLAY RECAP", 1)[-1].splitlines() if "changed=" in line)

@@ -25,6 +25,7 @@ import yaml
 
 from gpufleet import PROJECT_ROOT
 from gpufleet.drift import read_report
+from test_driver_support import recap_changed
 from tests.integration.conftest import AnsibleRunner
 
 BIN = Path(sys.executable).parent
@@ -160,14 +161,6 @@ def cluster_info(
 
 def shell(ansible: AnsibleRunner, node: str, command: str) -> str:
     return ansible(node, "ansible.builtin.shell", command)[node]["stdout"]
-
-
-def recap_changed(output: str) -> dict[str, int]:
-    return {
-        line.split()[0]: int(line.split("changed=")[1].split()[0])
-        for line in output.splitlines()
-        if " changed=" in line and ":" in line
-    }
 
 
 def remove_cluster(ansible: AnsibleRunner) -> None:
