@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import BIN
-from test_driver_support import sh
+from test_driver_support import recap_changed, sh
 
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.vllm_start import start_phases
 from gpufleet import PROJECT_ROOT
@@ -65,11 +65,6 @@ def serve_drift(inventory: Path, host: str, extra_vars: Path) -> str:
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     return result.stdout
-
-
-def recap_changed(output: str, host: str) -> int:
-    line = next(line for line in output.splitlines() if line.startswith(f"{host} ") and "changed=" in line)
-    return int(line.split("changed=")[1].split()[0])
 
 
 def make_fresh(inventory: Path, host: str) -> None:
@@ -190,7 +185,7 @@ def test_a_tampered_cache_is_refused_and_the_instance_starts_cold(
 
     # A second run changes nothing.
     again = serve(lab_inventory, host, compiled["vars"])
-    assert recap_changed(again, host) == 0, again[-4000:]
+    assert recap_changed(again)[host] == 0, again[-4000:]
 
     # Hosts of one release share a key, whose first host publishes it; another release's compilers give another
     # key (Debian 12's gcc 12, Debian 13's gcc 14).

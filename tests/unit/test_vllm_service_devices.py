@@ -112,6 +112,14 @@ def test_unit_orders_after_the_device_nodes_and_the_driver_daemons_and_limits_st
     assert "StartLimitBurst=5" in lines and "StartLimitIntervalSec=9050" in lines
 
 
+def test_a_stop_while_starting_ends_the_instance_at_once_and_inactive() -> None:
+    # vLLM loses a SIGTERM that arrives while it starts and the stop waited out TimeoutStopSec, ending `failed`;
+    # SIGINT to the main process only ends it within seconds with exit 1, counted clean (the lab case of it is
+    # test_serve's stopped-while-it-starts, make test-slow).
+    lines = render(UNIT_TEMPLATE, vllm_service_instances=[INSTANCE]).splitlines()
+    assert {"KillSignal=SIGINT", "KillMode=mixed", "SuccessExitStatus=1"} <= set(lines)
+
+
 def test_the_venvs_tools_come_first_on_the_services_path() -> None:
     # On the H200, flashinfer's first warm-up builds kernels with ninja from the venv; under systemd's default
     # PATH the engine died with "No such file or directory: 'ninja'" (tests/fixtures/h200-real/README.md).
