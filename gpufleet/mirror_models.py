@@ -23,7 +23,8 @@ import struct
 import tarfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +42,7 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 PIN_SOURCE = "inventory (model_store_models sha256)"
 CHUNK = 1024 * 1024
 Say = Callable[[str], None]
+Throttle = Callable[[int], None]  # waits until COUNT more bytes fit the bandwidth limit (mirror_sync.RateLimit.take)
 
 
 class ModelFailure(GpufleetError):
@@ -335,6 +337,54 @@ def fetch_snapshot(model: ModelNeeded, endpoint: str, staging: Path, jobs: int) 
     return files
 
 
+@contextmanager
+def hub_bandwidth(throttle: Throttle | None) -> Iterator[None]:
+    """--limit-rate for the Hub's client: every body it streams takes its share of the one limit of the sync,
+    through a client of its own (set_client_factory). Xet's transfers run outside that client and cannot be
+    bounded, so they are turned off while a limit is set and the files come over HTTP."""
+    if throttle is None:
+        yield
+        return
+    take: Throttle = throttle
+    import httpx2
+    from huggingface_hub import constants, set_client_factory
+    from huggingface_hub.utils._http import default_client_factory  # the client's own hooks, redirects, timeouts
+
+    class ThrottledStream(httpx2.SyncByteStream):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __iter__(self) -> Iterator[bytes]:
+            for chunk in self.inner:
+                take(len(chunk))
+                yield chunk
+
+        def close(self) -> None:
+            self.inner.close()
+
+    class ThrottledClient(httpx2.Client):
+        def send(self, request: Any, **kwargs: Any) -> Any:
+            response = super().send(request, **kwargs)
+            if kwargs.get("stream"):  # downloads stream; an unstreamed answer was read whole inside send
+                response.stream = ThrottledStream(response.stream)
+            return response
+
+    def throttled_client() -> Any:
+        default = default_client_factory()
+        client = ThrottledClient(event_hooks=default.event_hooks, follow_redirects=True, timeout=None)
+        default.close()
+        return client
+
+    xet_disabled = constants.HF_HUB_DISABLE_XET
+    constants.HF_HUB_DISABLE_XET = True
+    set_client_factory(throttled_client)
+    try:
+        yield
+    finally:
+        set_client_factory(default_client_factory)
+        constants.HF_HUB_DISABLE_XET = xet_disabled
+
+
 def hub_failure(model: ModelNeeded, endpoint: str, error: Exception) -> ModelFailure:
     """The client's error as one line naming the model and the fix (never the token, which it does not print)."""
     from huggingface_hub import errors
@@ -383,11 +433,14 @@ class ModelOutcome:
 class ModelSyncer:
     """Packs each declared model into one mirror directory; a failure names the model, the others go on."""
 
-    def __init__(self, mirror: Path, overrides: dict[str, str], jobs: int, say: Say) -> None:
+    def __init__(
+        self, mirror: Path, overrides: dict[str, str], jobs: int, say: Say, throttle: Throttle | None = None
+    ) -> None:
         self.mirror = mirror
         self.overrides = overrides
         self.jobs = jobs
         self.say = say
+        self.throttle = throttle
 
     def staging_of(self, model: ModelNeeded) -> Path:
         return self.mirror / STAGING_DIR / "models" / f"{model.hf_repo.replace('/', '--')}--{model.hf_revision}"
@@ -415,7 +468,8 @@ class ModelSyncer:
                 f"{model.path}: fetching {model.hf_repo}@{model.hf_revision} from {endpoint} ({len(files)} files, "
                 f"{sum(item.size for item in files)} bytes) with huggingface_hub"
             )
-            root = fetch_snapshot(model, endpoint, staging, self.jobs)
+            with hub_bandwidth(self.throttle):
+                root = fetch_snapshot(model, endpoint, staging, self.jobs)
         except ModelFailure:
             raise
         except Exception as error:  # the client's errors, httpx2's and OSError's: each named below

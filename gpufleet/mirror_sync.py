@@ -600,7 +600,8 @@ def sync_models(
     models: list[ModelNeeded], syncer: Syncer, overrides: dict[str, str], jobs: int, report: SyncReport, done: int
 ) -> int:
     """Each model in turn (the Hub's client parallelises within one); a failure is collected like a file's."""
-    packer = mirror_models.ModelSyncer(syncer.mirror, overrides, jobs, syncer.say)
+    throttle = syncer.limit.take if syncer.limit.rate > 0 else None
+    packer = mirror_models.ModelSyncer(syncer.mirror, overrides, jobs, syncer.say, throttle)
     for model in models:
         done += 1
         try:

@@ -36,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=non_negative,
         default=0,
         metavar="BYTES",
-        help="bandwidth limit in bytes per second, across all downloads but the Hub client's (default: none)",
+        help="bandwidth limit in bytes per second, across all downloads, the Hub client's too (default: none)",
     )
     sync.add_argument(
         "--upstream-override",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import time
 import os
 import subprocess
 import tarfile
@@ -333,6 +334,23 @@ def test_a_second_sync_does_not_contact_the_hub(hub: HubStandIn, tmp_path: Path)
     assert not report.downloaded and len(report.present) == 1
     assert "nothing downloaded: 1 of 1 already present" in report.render()
     assert any("present, sha256 checked against huggingface revision" in line for line in lines)
+
+
+def test_a_bandwidth_limit_bounds_the_hub_clients_downloads(hub: HubStandIn, tmp_path: Path) -> None:
+    size = sum(len(data) for data in tiny_model().values())
+    started = time.monotonic()
+    run_sync(hub, tmp_path / "free", model())
+    free = time.monotonic() - started
+    started = time.monotonic()
+    mirror_sync.sync(Needs(models=[model()]), tmp_path / "limited", [], {"model": hub.base}, limit_rate=size // 2)
+    limited = time.monotonic() - started  # two seconds' worth of the files' bytes
+    assert limited >= 1.5 and limited > free, (free, limited)
+    assert (tmp_path / "limited" / "models" / "tiny.tar.gz").read_bytes() == (
+        tmp_path / "free" / "models" / "tiny.tar.gz"
+    ).read_bytes()
+    from huggingface_hub import constants
+
+    assert not constants.HF_HUB_DISABLE_XET  # put back after the sync
 
 
 def test_a_pinned_tarball_already_there_is_kept_without_the_hub(hub: HubStandIn, tmp_path: Path) -> None:
