@@ -39,18 +39,26 @@ def publish(source: Path | str, name: str | None = None, config: LabConfig | Non
     its `gpufleet_mirror_url` followed by the returned path.
     """
     source = Path(source)
+    relative = PurePosixPath(name or source.name)
+    place(source, mirror_dir(config), str(relative))
+    return f"/{relative}"
+
+
+def place(source: Path, root: Path, name: str) -> Path:
+    """Copies a file to ROOT/NAME in one rename, readable by all; NAME is relative and outside the mirror's
+    pass-through roots."""
     if not source.is_file():
         raise GpufleetError(f"cannot publish {source}: not a file")
-    relative = PurePosixPath(name or source.name)
+    relative = PurePosixPath(name)
     if relative.is_absolute() or ".." in relative.parts or relative.parts[0] in PASS_THROUGH_ROOTS:
         raise GpufleetError(f"cannot publish as {name!r}: use a relative path outside {PASS_THROUGH_ROOTS}")
-    target = mirror_dir(config) / relative
+    target = root / relative
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.part")
     shutil.copyfile(source, partial)
     os.chmod(partial, 0o644)
     os.replace(partial, target)
-    return f"/{relative}"
+    return target
 
 
 def host_mirror_url(address: HostAddress, port: int = MIRROR_PORT) -> str:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fill the lab mirror with the Python layer's source artifacts, each checked against the inventory's pin.
+"""Stage the Python layer's source artifacts in the lab's upstream, each checked against the inventory's pin, and
+fill the lab mirror from there with mirror sync (gpufleet/lab/upstream.py).
 
     python lab/builders/python_stack.py [--check] [--only pyenv|cpython|kernel ...] [--pyenv-checkout DIR]
 
@@ -12,8 +13,7 @@
 
 The pins (file name and sha256) are resolved from the lab inventory's stack as the roles resolve them
 (inventories/lab/group_vars/all/{stack,lab}.yml): an artifact whose bytes differ from its pin is refused,
-never published. `--check`
-builds what can be built locally and compares, without downloading or publishing anything.
+never staged. `--check` builds what can be built locally and compares, without downloading or publishing anything.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def check_pin(name: str, path: Path, pin: Pin) -> None:
         )
 
 
-def published_matches(mirror_root: Path, pin: Pin) -> bool:
+def staged_matches(mirror_root: Path, pin: Pin) -> bool:
     target = mirror_root / pin.mirror_path
     return target.is_file() and sha256_file(target) == pin.sha256
 
@@ -170,16 +170,16 @@ def build_one(name: str, pin: Pin, workdir: Path, pyenv_checkout: Path, offline:
 
 def run(only: list[str], check: bool, pyenv_checkout: Path) -> int:
     pins = load_pins()
-    mirror_root = None
+    staging = None
     if not check:
-        from gpufleet.lab import mirror  # imported here: --check must work without a lab configuration
+        from gpufleet.lab import upstream  # imported here: --check must work without a lab configuration
 
-        mirror_root = mirror.mirror_dir()
+        staging = upstream.upstream_dir()
     with tempfile.TemporaryDirectory(prefix="gpufleet-python-builder-") as tmp:
         for name in only:
             pin = pins[name]
-            if mirror_root is not None and published_matches(mirror_root, pin):
-                print(f"{name}: /{pin.mirror_path} already on the mirror (sha256 {pin.sha256[:12]})")
+            if staging is not None and staged_matches(staging, pin):
+                print(f"{name}: {pin.mirror_path} already in the lab's upstream (sha256 {pin.sha256[:12]})")
                 continue
             artifact = build_one(name, pin, Path(tmp), pyenv_checkout, offline=check)
             if artifact is None:
@@ -189,10 +189,10 @@ def run(only: list[str], check: bool, pyenv_checkout: Path) -> int:
             if check:
                 print(f"{name}: {artifact.name} matches its pin (sha256 {pin.sha256[:12]})")
                 continue
-            from gpufleet.lab import mirror
-
-            url_path = mirror.publish(artifact, pin.mirror_path)
-            print(f"{name}: published {url_path} (sha256 {pin.sha256[:12]})")
+            upstream.stage(artifact, pin.mirror_path)
+            print(f"{name}: staged {pin.mirror_path} in the lab's upstream (sha256 {pin.sha256[:12]})")
+    if not check:
+        upstream.fill_mirror()
     return 0
 
 

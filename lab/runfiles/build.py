@@ -10,7 +10,8 @@ LAB-STANDIN file inside, and in its logs; they are published under lab-standin/ 
 
 Builds are keyed by content under ${GPUFLEET_CACHE:-/var/cache/gpufleet}/lab-runfiles/<sha256 of inputs>/ and
 are byte-for-byte reproducible (fixed tar metadata and packaging date), so a rebuild gives the same sha256.
---publish copies them into the mirror and writes nvidia/sha256.json, which the lab inventory reads.
+--publish stages them in the lab's upstream with nvidia/sha256.json, which the lab inventory reads as its pins, and
+fills the lab mirror from there with mirror sync (gpufleet/lab/upstream.py).
 """
 
 from __future__ import annotations
@@ -294,24 +295,30 @@ def build_all() -> list[Runfile]:
 
 
 def publish(runfiles: list[Runfile]) -> Path:
-    """Copies the stand-ins into the lab mirror under nvidia/ with sha256.json and SHA256SUMS."""
-    from gpufleet.lab import mirror
+    """Stages the stand-ins with sha256.json (the lab inventory's pins) and SHA256SUMS in the lab's upstream under
+    nvidia/, then fills the lab mirror from it with mirror sync (gpufleet.lab.upstream)."""
+    from gpufleet.lab import mirror, upstream
 
     for runfile in runfiles:
-        mirror.publish(runfile.path, f"{MIRROR_SUBDIR}/{runfile.name}")
+        upstream.stage(runfile.path, f"{MIRROR_SUBDIR}/{runfile.name}")
     with tempfile.TemporaryDirectory() as scratch:
         sums = Path(scratch) / SUMS_JSON
         sums.write_text(json.dumps({r.name: r.sha256 for r in runfiles}, indent=2, sort_keys=True) + "\n")
-        mirror.publish(sums, f"{MIRROR_SUBDIR}/{SUMS_JSON}")
+        upstream.stage(sums, f"{MIRROR_SUBDIR}/{SUMS_JSON}")
         plain = Path(scratch) / "SHA256SUMS"
         plain.write_text("".join(f"{r.sha256}  {r.name}\n" for r in runfiles))
-        mirror.publish(plain, f"{MIRROR_SUBDIR}/SHA256SUMS")
+        upstream.stage(plain, f"{MIRROR_SUBDIR}/SHA256SUMS")
+    upstream.fill_mirror()
     return mirror.mirror_dir() / MIRROR_SUBDIR
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--publish", action="store_true", help="copy them into the lab mirror (nvidia/)")
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="stage them in the lab's upstream and fill the lab mirror from it (nvidia/)",
+    )
     parser.add_argument("--json", action="store_true", help="print name, path and sha256 of each as JSON")
     args = parser.parse_args(argv)
     try:

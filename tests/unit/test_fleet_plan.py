@@ -208,7 +208,7 @@ def lab_copy(tmp_path: Path) -> Path:
         }
     }
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    standins = tmp_path / "cache" / "mirror" / "nvidia"
+    standins = tmp_path / "cache" / "lab-upstream" / "nvidia"
     standins.mkdir(parents=True)
     (standins / "sha256.json").write_text(
         json.dumps(

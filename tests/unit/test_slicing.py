@@ -80,7 +80,7 @@ def unreachable_lab(tmp_path: Path) -> Path:
         for n in (1, 2, 3)
     }
     (inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}))
-    standins = tmp_path / "cache" / "mirror" / "nvidia"
+    standins = tmp_path / "cache" / "lab-upstream" / "nvidia"
     standins.mkdir(parents=True)
     pins = ["NVIDIA-Linux-x86_64-580.95.05.run", "cuda_12.8.1_570.124.06_linux.run", "cuda_13.0.2_580.95.05_linux.run"]
     (standins / "sha256.json").write_text(json.dumps({name: str(n) * 64 for n, name in enumerate(pins, start=1)}))
