@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -294,7 +295,7 @@ def build_all() -> list[Runfile]:
     return runfiles
 
 
-def publish(runfiles: list[Runfile]) -> Path:
+def publish(runfiles: list[Runfile], say: Callable[[str], None] = print) -> Path:
     """Stages the stand-ins with sha256.json (the lab inventory's pins) and SHA256SUMS in the lab's upstream under
     nvidia/, then fills the lab mirror from it with mirror sync (gpufleet.lab.upstream)."""
     from gpufleet.lab import mirror, upstream
@@ -308,7 +309,7 @@ def publish(runfiles: list[Runfile]) -> Path:
         plain = Path(scratch) / "SHA256SUMS"
         plain.write_text("".join(f"{r.sha256}  {r.name}\n" for r in runfiles))
         upstream.stage(plain, f"{MIRROR_SUBDIR}/SHA256SUMS")
-    upstream.fill_mirror()
+    upstream.fill_mirror(say=say)
     return mirror.mirror_dir() / MIRROR_SUBDIR
 
 
@@ -323,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         runfiles = build_all()
-        where = publish(runfiles) if args.publish else None
+        # --json keeps stdout one document: the sync's lines go to stderr then.
+        say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+        where = publish(runfiles, say) if args.publish else None
     except GpufleetError as error:
         print(f"lab/runfiles/build.py: error: {error}", file=sys.stderr)
         return 1
