@@ -220,13 +220,27 @@ def test_an_instance_on_ray_may_reach_the_clusters_members_and_see_its_raylet() 
         "WorkingDirectory=/var/lib/vllm",
         "Environment=HOME=/var/lib/vllm",
         "ReadWritePaths=/var/lib/vllm",
+        # The unit's compile caches and the ExecPaths= of its cache directory, which does not exist here: the start
+        # failed at its namespace (status 226) until the drop-in emptied it.
+        "Environment=TORCHINDUCTOR_CACHE_DIR=/var/lib/vllm/.cache/torchinductor",
+        "Environment=TRITON_CACHE_DIR=/var/lib/vllm/.cache/triton",
+        "ExecPaths=",
     ]
     single = render(dropin, vllm_service_instances=[INSTANCE], vllm_service_instance=FIRST, ansible_facts=facts)
     assert "IPAddress" not in single and "ProtectProc" not in single
     assert not [line for line in single.splitlines() if line.split("=")[0] in IDENTITY]
 
 
-IDENTITY = ("DynamicUser", "User", "Group", "CacheDirectory", "WorkingDirectory", "Environment", "ReadWritePaths")
+IDENTITY = (
+    "DynamicUser",
+    "User",
+    "Group",
+    "CacheDirectory",
+    "WorkingDirectory",
+    "Environment",
+    "ReadWritePaths",
+    "ExecPaths",
+)
 
 
 def test_every_instance_runs_as_a_user_of_its_own_with_the_models_through_the_group() -> None:
@@ -242,9 +256,9 @@ def test_every_instance_runs_as_a_user_of_its_own_with_the_models_through_the_gr
         "Environment=HOME=%C/vllm/%i",
         "Environment=TORCHINDUCTOR_CACHE_DIR=%C/vllm/%i/.cache/torchinductor",
         "Environment=TRITON_CACHE_DIR=%C/vllm/%i/.cache/triton",
+        # Compiled kernels load from there: systemd 257 mounts a DynamicUser's cache directory noexec otherwise.
+        "ExecPaths=%C/vllm/%i",
     ]
-    # Compiled kernels load from there: systemd 257 mounts a DynamicUser's cache directory noexec otherwise.
-    assert "ExecPaths=%C/vllm/%i" in unit
 
 
 def test_instance_memory_limit_is_its_share_of_the_node_unless_overridden() -> None:
