@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from gpufleet import compat  # noqa: E402
 from gpufleet.digests import sha256_file  # noqa: E402
+from gpufleet.errors import GpufleetError  # noqa: E402
 
 LAB_VARS = REPO / "inventories" / "lab" / "group_vars" / "all"
 PYENV_DEFAULTS = REPO / "roles" / "pyenv_python" / "defaults" / "main.yml"
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args.only, args.check, args.pyenv_checkout)
-    except BuildError as error:
+    except (BuildError, GpufleetError) as error:  # GpufleetError: the mirror sync that fills the lab mirror
         print(f"python_stack builder: error: {error}", file=sys.stderr)
         return 1
 
