@@ -5,6 +5,7 @@ environment restricts flash-attn's own arch list to the fleet's (the device's bu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -17,14 +18,15 @@ from ansible.template import Templar, trust_as_template
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import pip_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.torch_probe import check_expect
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.vllm_start import start_phases
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURE = REPO / "tests" / "fixtures" / "h100-real" / "role-venv"
 
 
-def module_result(name: str) -> dict[str, Any]:
+def module_result(path: Path) -> dict[str, Any]:
     """The JSON document of a one-task `ansible -m` capture ("localhost | SUCCESS => {...}")."""
-    text = (CAPTURE / name).read_text()
+    text = path.read_text()
     return json.loads(text[text.index("{") : text.rindex("}") + 1])
 
 
@@ -39,7 +41,7 @@ def test_the_lock_the_role_installed_round_trips_through_pip_lock() -> None:
 
 
 def test_the_real_probe_meets_what_the_role_expects_of_the_lock() -> None:
-    report = module_result("torch_stack_info.txt")
+    report = module_result(CAPTURE / "torch_stack_info.txt")
     assert report["torch"]["variant"] == "cu130" and report["vllm"]["extension_ok"] is True
     assert all(device["ok"] for device in report["gpu_compute"]["devices"])
     # The role's expectations (verify.yml): the lock's torch and vLLM, the stack's Python, CUDA asked for.
@@ -115,3 +117,62 @@ def wheel_source_accepted(find_links: str) -> bool:
 )
 def test_a_local_wheelhouse_is_a_wheel_source(find_links: str, accepted: bool) -> None:
     assert wheel_source_accepted(find_links) is accepted
+
+
+# --- the role's venv serving on the H100 (second device session) -------------------------------------------------
+
+SERVED = REPO / "tests" / "fixtures" / "h100-real" / "role-venv-serve"
+MIB = 1024 * 1024
+
+
+def test_the_role_built_venv_needed_no_hand_fix() -> None:
+    """The repacking holes of the first session (uvloop, ptxas's mode, ninja's binary) are gone: the venv the role
+    built from the repacked wheelhouse has each, and the role's second run changed nothing."""
+    checks = (SERVED / "checks.txt").read_text()
+    assert re.search(r"^-rwxr-xr-x .* /WORK/venvs/[^/ ]+/bin/ninja$", checks, re.M), checks
+    assert len(re.findall(r"^-rwxr-xr-x .*/bin/ptxas$", checks, re.M)) == 2, checks
+    assert "uvloop 0.23.0" in checks
+    assert not re.search(r"^localhost \| CHANGED", (SERVED / "role-rerun.txt").read_text(), re.M)
+
+
+def test_time_to_serving_on_the_role_venv_is_read_from_its_logs() -> None:
+    figures = json.loads((SERVED / "time-to-serving.json").read_text())["starts"]
+    logs = {"(a) cold": "vllm.log", "(b) restart": "vllm-restart.log", "(c) shipped": "vllm-shipped.log"}
+    for start, log in logs.items():
+        assert start_phases((SERVED / log).read_text()).as_dict() == figures[start]["phases"], start
+    cold, restart, shipped = (figures[start] for start in logs)
+    assert cold["phases"]["compile_cache_hit"] is False
+    assert restart["phases"]["compile_cache_hit"] is True and shipped["phases"]["compile_cache_hit"] is True
+    assert (cold["healthy_s"], restart["healthy_s"], shipped["healthy_s"]) == (151.29, 27.06, 29.06)
+    assert shipped["healthy_s"] / restart["healthy_s"] < 1.2
+
+
+def gpu_memory_module() -> Any:
+    path = REPO / "roles" / "vllm_service" / "library" / "vllm_gpu_memory.py"
+    spec = importlib.util.spec_from_file_location("vllm_gpu_memory", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_memory_check_passed_the_warmed_up_instance_and_would_fail_a_cold_one() -> None:
+    captured = module_result(SERVED / "gpu_memory_check.txt")
+    assert captured["problems"] == []
+    (row,) = captured["instances"][0]["gpus"]
+    assert (row["held_mib"], row["share_mib"], row["total_mib"]) == (73796, 73403, 81559)
+    check = gpu_memory_module().check
+    gpu = {"index": 0, "total": row["total_mib"] * MIB, "free": row["free_mib"] * MIB}
+    instance = {"name": "gpu0", "gpu_memory_utilization": 0.9, "gpus": [0], "pids": {2716}}
+    warmed = [{"pid": 2716, "used_memory_bytes": row["held_mib"] * MIB}]
+    assert check([instance], [{**gpu, "processes": warmed}], 0.05)[1] == []
+    # The same instance holding only its weights (no KV cache allocated): named, with the fix.
+    cold = [{"pid": 2716, "used_memory_bytes": 2048 * MIB}]
+    (problem,) = check([instance], [{**gpu, "processes": cold, "free": (row["total_mib"] - 2048) * MIB}], 0.05)[1]
+    assert "less than its share 73403 MiB" in problem
+
+
+def test_flash_attn_with_ninja_built_sm_90_alone_at_about_20_kernels_in_400_seconds() -> None:
+    steps = [line.split() for line in (SERVED / "flash-attn-ninja.log").read_text().splitlines() if line[0] == "["]
+    assert steps[-1][0] == "[21/73]"
+    assert {" ".join(step[3:]) for step in steps if step[1] == "nvcc"} == {"-gencode arch=compute_90,code=sm_90"}
