@@ -149,8 +149,8 @@ def check_pin(name: str, path: Path, pin: Pin) -> None:
         )
 
 
-def staged_matches(mirror_root: Path, pin: Pin) -> bool:
-    target = mirror_root / pin.mirror_path
+def staged_matches(staging: Path, pin: Pin) -> bool:
+    target = staging / pin.mirror_path
     return target.is_file() and sha256_file(target) == pin.sha256
 
 
